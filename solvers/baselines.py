@@ -1,0 +1,87 @@
+"""The trivial schedules every other solver is checked against.
+
+- store-all: plain autograd. Forward computes everything once and keeps what backward reads.
+- recompute-all: forward keeps nothing but resident values, outputs and ops that must not be
+  recomputed; each backward op recomputes the forward values it needs from those, right
+  before it runs. Least memory a forward-ordered schedule can reach, at the highest cost.
+"""
+
+from __future__ import annotations
+
+import time
+
+from optimizer.graph import Phase, RematGraph
+from optimizer.schedule import Schedule
+from optimizer.simulator import simulate
+from solvers.base import SolveResult, SolverOptions, SolveStatus
+
+
+def store_all_schedule(graph: RematGraph) -> Schedule:
+    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+    backward = [n.name for n in graph.ops if n.phase is Phase.BACKWARD]
+    return Schedule.from_computes(graph, forward, backward)
+
+
+def forward_closure(graph: RematGraph, targets: list[str], available: set[str]) -> list[str]:
+    """Forward values needed to compute ``targets`` from ``available``, in topological order."""
+    needed: set[str] = set()
+    stack = [t for t in targets if t not in available]
+    while stack:
+        name = stack.pop()
+        if name in needed or name in available:
+            continue
+        node = graph[name]
+        if not node.is_op or node.phase is not Phase.FORWARD:
+            raise ValueError(f"cannot recompute {name!r}: it is not a forward op")
+        for member in graph.group_of(name):
+            needed.add(member)
+        stack.extend(i for i in node.inputs if i not in available)
+    return sorted(needed, key=graph.position)
+
+
+def kept_through_backward(graph: RematGraph) -> set[str]:
+    """Values no schedule needs to recompute in backward: resident, outputs, run-once ops."""
+    kept = {n.name for n in graph.nodes if not n.is_op}
+    kept |= set(graph.forward_outputs) | set(graph.user_outputs)
+    for node in graph.ops:
+        if node.compute_once:
+            kept.update(graph.group_of(node.name))
+    return kept
+
+
+def recompute_all_schedule(graph: RematGraph) -> Schedule:
+    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+    kept = kept_through_backward(graph)
+    backward: list[str] = []
+    for name, members in graph.groups.items():
+        first = graph[members[0]]
+        if first.phase is not Phase.BACKWARD:
+            continue
+        available = kept | {n.name for n in graph.ops if n.phase is Phase.BACKWARD}
+        backward.extend(forward_closure(graph, list(first.inputs), available))
+        backward.extend(members)
+    return Schedule.from_computes(graph, forward, backward)
+
+
+def _classic(name: str, schedule: Schedule, graph: RematGraph, budget: int, start: float) -> SolveResult:
+    sim = simulate(graph, schedule)
+    fits = sim.peak_bytes <= budget
+    return SolveResult(
+        solver=name,
+        status=SolveStatus.HEURISTIC if fits else SolveStatus.INFEASIBLE,
+        schedule=schedule if fits else None,
+        objective=sim.total_cost if fits else None,
+        bound=None,
+        solve_time_s=time.perf_counter() - start,
+        message="" if fits else f"{name} peaks at {sim.peak_bytes} bytes",
+    )
+
+
+def solve_store_all(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
+    start = time.perf_counter()
+    return _classic("store-all", store_all_schedule(graph), graph, budget_bytes, start)
+
+
+def solve_recompute_all(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
+    start = time.perf_counter()
+    return _classic("recompute-all", recompute_all_schedule(graph), graph, budget_bytes, start)

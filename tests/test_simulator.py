@@ -1,0 +1,113 @@
+"""The simulator on hand-built graphs: hand-computed peaks and every rule it enforces."""
+
+import pytest
+
+from graphs import chain, op, random_graph, tiny_chain, F, B
+from optimizer.graph import Node, NodeKind, RematGraph
+from optimizer.schedule import Schedule, compute, free
+from optimizer.simulator import InvalidScheduleError, simulate
+from solvers.baselines import recompute_all_schedule, store_all_schedule
+
+
+def test_store_all_peak_is_hand_computed():
+    g = tiny_chain()
+    result = simulate(g, store_all_schedule(g))
+    # resident 110; a(20), b(30), loss(1) -> 161 at the boundary; tangent 1 -> 162;
+    # gb -> 192, frees t and b -> 161; ga -> 181, frees gb and a -> 131; gp (100) -> 231.
+    assert result.boundary_bytes == 161
+    assert result.peak_bytes == 231
+    assert result.peak_node == "gp"
+    assert set(result.saved) == {"a", "b"}
+    assert result.extra_cost == 0
+    assert result.live_curve[-1] == 211
+
+
+def test_recompute_all_saves_nothing_and_pays_in_compute():
+    g = tiny_chain()
+    result = simulate(g, recompute_all_schedule(g))
+    assert result.saved == ()
+    assert result.boundary_bytes == 110 + 1
+    # a is recomputed twice (for gb's b and for ga), b once: 2 * 1 + 1 = 3 extra.
+    assert result.extra_cost == 3.0
+    assert dict(result.recomputed) == {"a": 3, "b": 2}
+
+
+def test_recompute_all_lowers_activation_memory_on_a_chain():
+    g = chain(8)
+    store = simulate(g, store_all_schedule(g))
+    lean = simulate(g, recompute_all_schedule(g))
+    assert lean.peak_bytes < store.peak_bytes
+    assert lean.extra_cost > 0
+
+
+def test_reading_a_freed_value_is_rejected():
+    g = tiny_chain()
+    bad = Schedule(forward=(compute("a"), free("a"), compute("b")), backward=())
+    with pytest.raises(InvalidScheduleError, match="input 'a' is not live"):
+        simulate(g, bad)
+
+
+def test_missing_forward_output_is_rejected():
+    g = tiny_chain()
+    bad = Schedule(forward=(compute("a"),), backward=())
+    with pytest.raises(InvalidScheduleError, match="forward ends without outputs"):
+        simulate(g, bad)
+
+
+def test_backward_op_in_forward_is_rejected():
+    g = tiny_chain()
+    steps = (compute("a"), compute("b"), compute("loss"), compute("gb"))
+    with pytest.raises(InvalidScheduleError, match="backward op scheduled in forward"):
+        simulate(g, Schedule(forward=steps, backward=()))
+
+
+def _dropout_graph() -> RematGraph:
+    nodes = (
+        Node("x", NodeKind.INPUT, F, 10),
+        op("d_out", F, 10, ["x"], group="d", random=True),
+        Node("d_mask", NodeKind.OP, F, 2, ("x",), group="d", random=True),
+        op("loss", F, 1, ["d_out"]),
+        Node("t", NodeKind.TANGENT, B, 1),
+        op("gx", B, 10, ["t", "d_mask"]),
+    )
+    return RematGraph(nodes, forward_outputs=("loss",), user_outputs=("loss",), backward_outputs=("gx",))
+
+
+def test_siblings_are_allocated_together_and_freed_apart():
+    g = _dropout_graph()
+    s = Schedule.from_computes(g, ["d_out", "loss"], ["gx"])
+    assert s.forward[:2] == (compute("d_out"), compute("d_mask"))
+    result = simulate(g, s)
+    # 10 + (10 + 2) = 22 while dropout runs; d_out dies after loss -> boundary 10 + 2 + 1.
+    assert result.boundary_bytes == 13
+    assert result.saved == ("d_mask",)
+    # backward: boundary 13 + tangent 1 + gx 10 = 24 (forward peaks at 23 when loss runs).
+    assert result.peak_bytes == 24
+    assert max(result.live_curve[: len(s.forward)]) == 23
+
+
+def test_random_op_cannot_be_recomputed():
+    g = _dropout_graph()
+    steps = Schedule.from_computes(g, ["d_out", "loss"], ["gx"])
+    recompute = Schedule(
+        forward=steps.forward + (free("d_mask"),),
+        backward=(compute("d_out"), compute("d_mask")) + steps.backward,
+    )
+    with pytest.raises(InvalidScheduleError, match="exactly once"):
+        simulate(g, recompute)
+
+
+def test_split_siblings_are_rejected():
+    g = _dropout_graph()
+    with pytest.raises(InvalidScheduleError, match="computed together"):
+        simulate(g, Schedule(forward=(compute("d_mask"),), backward=()))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_baselines_pass_the_simulator_on_random_graphs(seed):
+    g = random_graph(seed, 6)
+    store = simulate(g, store_all_schedule(g))
+    lean = simulate(g, recompute_all_schedule(g))
+    assert store.extra_cost == 0
+    assert lean.extra_cost >= 0
+    assert lean.boundary_bytes <= store.boundary_bytes
