@@ -1,0 +1,45 @@
+"""Solver back-ends behind one signature: ``solve(graph, budget_bytes, options) -> SolveResult``.
+
+Back-ends import their optional dependencies lazily, so listing them costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from optimizer.graph import RematGraph
+from solvers.base import SolveResult, SolverOptions
+
+Solver = Callable[[RematGraph, int, SolverOptions], SolveResult]
+
+
+def _milp(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
+    from solvers.milp import solve_milp
+
+    return solve_milp(graph, budget, options)
+
+
+def _store_all(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
+    from solvers.baselines import solve_store_all
+
+    return solve_store_all(graph, budget, options)
+
+
+def _recompute_all(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
+    from solvers.baselines import solve_recompute_all
+
+    return solve_recompute_all(graph, budget, options)
+
+
+SOLVERS: dict[str, Solver] = {
+    "milp": _milp,
+    "store-all": _store_all,
+    "recompute-all": _recompute_all,
+}
+
+
+def get_solver(name: str) -> Solver:
+    try:
+        return SOLVERS[name]
+    except KeyError:
+        raise ValueError(f"unknown solver {name!r}: choose one of {', '.join(SOLVERS)}") from None

@@ -1,0 +1,254 @@
+"""Capture one training step of an nn.Module as a joint forward+backward aten graph.
+
+torch.export (non-strict) turns the module into a graph that keeps tied weights as one
+tensor; AOTAutograd's ``aot_export_joint_with_descriptors`` then traces forward and backward
+together, functionalized (buffer updates such as BatchNorm's running stats become extra
+forward outputs), with a FakeTensor on every node. `build_remat_graph` turns that fx graph
+into the framework-neutral `RematGraph`: one node per tensor storage, aliases folded into the
+storage they view, multi-output ops split into siblings, costs from `frontends.costs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._functorch._aot_autograd import descriptors as aot_desc
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
+
+from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
+from optimizer.graph import Node, NodeKind, Phase, RematGraph
+
+
+class CaptureError(RuntimeError):
+    """The model could not be traced into a training graph; the message says why and where."""
+
+
+@dataclass(frozen=True)
+class CapturedStep:
+    """A traced training step: the fx joint graph, its IR and what is needed to rebuild it."""
+
+    joint: Any
+    """torch's JointWithDescriptors: the joint graph module plus parameter/buffer specs."""
+    graph: RematGraph
+    value_of: dict[str, str]
+    """fx node name -> the IR value (storage) it is or aliases; absent for non-tensors."""
+    num_fwd_outputs: int
+    param_names: tuple[str, ...]
+    buffer_names: tuple[str, ...]
+    cost_model: CostModel
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        return self.joint.graph_module
+
+
+def capture(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict | None = None,
+    cost_model: CostModel = FLOPS_MODEL,
+) -> CapturedStep:
+    """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`."""
+    kwargs = dict(kwargs or {})
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            exported = torch.export.export(model, tuple(args), kwargs, strict=False)
+        except Exception as err:  # re-raised with the user's line, not torch's internals
+            raise CaptureError(_explain_trace_failure(err)) from err
+        with contextlib.ExitStack() as stack:
+            try:
+                joint = aot_export_joint_with_descriptors(
+                    stack, exported.module(), tuple(args), kwargs, _record_nn_module_stack=True
+                )
+            except Exception as err:
+                raise CaptureError(_explain_trace_failure(err)) from err
+    graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
+    return CapturedStep(
+        joint=joint,
+        graph=graph,
+        value_of=value_of,
+        num_fwd_outputs=num_fwd_outputs,
+        param_names=tuple(joint.params_spec),
+        buffer_names=tuple(joint.buffers_spec),
+        cost_model=cost_model,
+    )
+
+
+def _explain_trace_failure(err: Exception) -> str:
+    """One line: what failed, and the user's source line when torch names one."""
+    text = str(err).strip().splitlines()
+    first = text[0] if text else type(err).__name__
+    where = ""
+    for line in str(err).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("File ") and "site-packages" not in stripped and "/torch/" not in stripped:
+            where = f" at {stripped}"
+    return f"could not trace the model ({type(err).__name__}: {first}){where}; " \
+           "remove data-dependent Python control flow or run that part outside the module"
+
+
+RECOMPUTABLE_READERS_OF_MUTATED = {torch.ops.aten._native_batch_norm_legit_functional.default}
+"""Ops that read a buffer the step updates but can be recomputed without it (see rewrite)."""
+
+
+def _mutated_placeholders(gm: torch.fx.GraphModule) -> set[str]:
+    """Names of the buffers (placeholders) the forward updates, from the output descriptors."""
+    output_node = gm.graph.find_nodes(op="output")[0]
+    targets = {
+        desc.mutated_input for desc in output_node.meta.get("desc") or []
+        if isinstance(desc, aot_desc.InputMutationAOTOutput)
+    }
+    return {n.name for n in gm.graph.find_nodes(op="placeholder") if n.meta.get("desc") in targets}
+
+
+def _placeholder_kind(node: torch.fx.Node) -> NodeKind | None:
+    desc = node.meta.get("desc")
+    if isinstance(desc, (aot_desc.ParamAOTInput, aot_desc.BufferAOTInput)):
+        return NodeKind.PARAMETER
+    if isinstance(desc, aot_desc.TangentAOTInput):
+        return NodeKind.TANGENT
+    return NodeKind.INPUT
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().nbytes())
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return str(path).replace("L['self'].", "").replace("L__self___", "")
+
+
+def _is_backward(node: torch.fx.Node, backward_nodes: set[str]) -> bool:
+    tag = node.meta.get("partitioner_tag")
+    if tag in ("is_backward", "is_forward"):
+        return tag == "is_backward"
+    return node.name in backward_nodes
+
+
+def build_remat_graph(
+    gm: torch.fx.GraphModule, cost_model: CostModel = FLOPS_MODEL, name: str = "graph"
+) -> tuple[RematGraph, dict[str, str], int]:
+    """The IR of a joint graph: values, their storage bytes, phases, costs and flags."""
+    root_of_storage: dict[StorageWeakRef, str] = {}
+    value_of: dict[str, str] = {}
+    nodes: list[Node] = []
+    backward_nodes: set[str] = set()
+    module_of_seq: dict[int, str] = {}
+    getitems: dict[str, list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is operator.getitem:
+            getitems.setdefault(node.args[0].name, []).append(node)
+    mutated = _mutated_placeholders(gm)
+
+    def inputs_of(node: torch.fx.Node) -> tuple[str, ...]:
+        found = [value_of[a.name] for a in tree_flatten((node.args, node.kwargs))[0]
+                 if isinstance(a, torch.fx.Node) and a.name in value_of]
+        return tuple(dict.fromkeys(found))
+
+    def claim(fx_node: torch.fx.Node) -> bool:
+        """Map fx_node to its storage's value; True when it is a new storage."""
+        val = fx_node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return False
+        key = StorageWeakRef(val.untyped_storage())
+        if key in root_of_storage:
+            value_of[fx_node.name] = root_of_storage[key]
+            return False
+        root_of_storage[key] = fx_node.name
+        value_of[fx_node.name] = fx_node.name
+        return True
+
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if claim(node):
+                kind = _placeholder_kind(node)
+                phase = Phase.BACKWARD if kind is NodeKind.TANGENT else Phase.FORWARD
+                nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"]), op="placeholder"))
+                if kind is NodeKind.TANGENT:
+                    backward_nodes.add(node.name)
+            continue
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        reads = [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, torch.fx.Node)]
+        if any(a.name in backward_nodes for a in reads):
+            backward_nodes.add(node.name)
+            backward_nodes.update(g.name for g in getitems.get(node.name, []))
+        phase = Phase.BACKWARD if _is_backward(node, backward_nodes) else Phase.FORWARD
+        seq = node.meta.get("seq_nr")
+        module = _module_path(node)
+        if phase is Phase.FORWARD and seq is not None and module:
+            module_of_seq.setdefault(seq, module)
+        if phase is Phase.BACKWARD and seq is not None:
+            module = module_of_seq.get(seq, "")
+        outputs = getitems.get(node.name, []) if isinstance(node.meta.get("val"), (tuple, list)) else [node]
+        fresh = [o for o in outputs if claim(o)]
+        if not fresh:
+            continue  # an alias (view, detach, ...) or an op without tensor output
+        target = node.target
+        tags = getattr(target, "tags", ())
+        schema = getattr(target, "_schema", None)
+        random = torch.Tag.nondeterministic_seeded in tags
+        mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure() and not random)
+        if target not in RECOMPUTABLE_READERS_OF_MUTATED and any(
+            value_of.get(a.name) in mutated for a in reads
+        ):
+            mutates = True  # would read the buffer after forward updated it
+        flops = op_flops(node)
+        seconds = cost_model.seconds(flops, op_bytes_moved(node))
+        used = {id(o.meta["val"]) for o in fresh}
+        unused = [t for t in tree_flatten(node.meta.get("val"))[0]
+                  if isinstance(t, torch.Tensor) and id(t) not in used
+                  and StorageWeakRef(t.untyped_storage()) not in root_of_storage]
+        temp = sum(_storage_nbytes(t) for t in unused)
+        ins = inputs_of(node)
+        for k, out in enumerate(fresh):
+            nodes.append(Node(
+                name=out.name, kind=NodeKind.OP, phase=phase,
+                bytes=_storage_nbytes(out.meta["val"]), inputs=ins, group=node.name,
+                cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
+                temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
+                module=module, op=str(target),
+            ))
+
+    output_node = gm.graph.find_nodes(op="output")[0]
+    descs = output_node.meta.get("desc") or [None] * len(output_node.args[0])
+    forward_outputs: list[str] = []
+    user_outputs: list[str] = []
+    backward_outputs: list[str] = []
+    num_fwd_outputs = 0
+    for out, desc in zip(output_node.args[0], descs):
+        is_grad = isinstance(desc, aot_desc.GradAOTOutput)
+        if not is_grad and desc is not None:
+            num_fwd_outputs += 1
+        if not isinstance(out, torch.fx.Node) or out.name not in value_of:
+            continue
+        value = value_of[out.name]
+        if is_grad:
+            backward_outputs.append(value)
+        else:
+            forward_outputs.append(value)
+            if isinstance(desc, aot_desc.PlainAOTOutput):
+                user_outputs.append(value)
+    graph = RematGraph(
+        tuple(nodes),
+        forward_outputs=tuple(dict.fromkeys(forward_outputs)),
+        user_outputs=tuple(dict.fromkeys(user_outputs)),
+        backward_outputs=tuple(dict.fromkeys(backward_outputs)),
+        cost_model=cost_model.name,
+        name=name,
+    )
+    return graph, value_of, num_fwd_outputs

@@ -1,0 +1,97 @@
+"""Plan one training step: run a solver, simulate its schedule, summarise it as a `Plan`.
+
+Pure Python over the IR (no torch), so what-if reports can plan without running anything.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from optimizer.graph import RematGraph
+from optimizer.plan import BudgetBreakdown, ModuleSummary, Plan
+from optimizer.simulator import SimulationResult, simulate
+from solvers import get_solver
+from solvers.base import InfeasibleBudgetError, SolverOptions
+from solvers.baselines import recompute_all_schedule, store_all_schedule
+
+
+def plan_graph(
+    graph: RematGraph,
+    budget_bytes: int,
+    solver: str = "milp",
+    options: SolverOptions = SolverOptions(),
+    graph_nodes: int = 0,
+) -> Plan:
+    """Solve for ``budget_bytes`` and return the simulated plan.
+
+    Raises InfeasibleBudgetError (with the smallest budget known to work) when nothing fits.
+    """
+    store_all = simulate(graph, store_all_schedule(graph))
+    lean = simulate(graph, recompute_all_schedule(graph))
+    smallest_known = min(store_all.peak_bytes, lean.peak_bytes)
+    result = get_solver(solver)(graph, budget_bytes, options)
+    if result.schedule is None:
+        raise InfeasibleBudgetError(budget_bytes, smallest_known, f" ({result.message})" if result.message else "")
+    sim = simulate(graph, result.schedule)
+    if sim.peak_bytes > budget_bytes:
+        raise AssertionError(
+            f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
+            f"for a budget of {budget_bytes}: this is a bug in the solver"
+        )
+    return Plan(
+        status=result.status.value,
+        solver=result.solver,
+        cost_model=graph.cost_model,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=sim.peak_bytes,
+        store_all_peak_bytes=store_all.peak_bytes,
+        extra_flops=sim.extra_flops,
+        extra_time_s=sim.extra_cost,
+        step_flops=graph.base_flops,
+        step_time_s=graph.base_cost,
+        objective=sim.total_cost,
+        bound=result.bound,
+        gap=result.gap,
+        solve_time_s=result.solve_time_s,
+        breakdown=breakdown(graph, budget_bytes),
+        graph_nodes=graph_nodes or len(graph.nodes),
+        graph_values=len(graph.ops),
+        saved=sim.saved,
+        recomputed=sim.recomputed,
+        modules=module_summaries(graph, sim, store_all),
+        message=result.message,
+        schedule=result.schedule,
+    )
+
+
+def breakdown(graph: RematGraph, budget_bytes: int) -> BudgetBreakdown:
+    fixed = graph.parameter_bytes + graph.gradient_bytes + graph.input_bytes
+    return BudgetBreakdown(
+        budget_bytes=budget_bytes,
+        parameters_bytes=graph.parameter_bytes,
+        gradients_bytes=graph.gradient_bytes,
+        inputs_bytes=graph.input_bytes,
+        activations_bytes=budget_bytes - fixed,
+    )
+
+
+def module_summaries(
+    graph: RematGraph, plan: SimulationResult, store_all: SimulationResult
+) -> tuple[ModuleSummary, ...]:
+    """Saved bytes and recomputation per module path (ops outside any submodule: '<top>')."""
+    saved: dict[str, int] = defaultdict(int)
+    saved_before: dict[str, int] = defaultdict(int)
+    ops: dict[str, int] = defaultdict(int)
+    flops: dict[str, float] = defaultdict(float)
+    for name in plan.saved:
+        saved[graph[name].module or "<top>"] += graph[name].bytes
+    for name in store_all.saved:
+        saved_before[graph[name].module or "<top>"] += graph[name].bytes
+    for name, times in plan.recomputed:
+        node = graph[name]
+        ops[node.module or "<top>"] += times - 1
+        flops[node.module or "<top>"] += (times - 1) * node.flops
+    modules = sorted(set(saved) | set(saved_before) | set(ops))
+    return tuple(
+        ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m]) for m in modules
+    )
