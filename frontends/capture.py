@@ -124,6 +124,19 @@ def _storage_nbytes(t: torch.Tensor) -> int:
     return int(t.untyped_storage().nbytes())
 
 
+def _op_output_nbytes(node: torch.fx.Node, val: torch.Tensor) -> int:
+    """Storage bytes the real kernel allocates for ``val``, where it differs from the fake.
+
+    CPU ``mse_loss`` with a reduction returns its scalar inside the full elementwise buffer
+    (measured: a [64, 256] float32 input gives a 0-d loss whose storage holds 65,536 bytes).
+    """
+    if (node.target is torch.ops.aten.mse_loss.default and val.device.type == "cpu"
+            and val.dim() == 0 and isinstance(node.args[0], torch.fx.Node)):
+        inp = node.args[0].meta["val"]
+        return max(_storage_nbytes(val), inp.numel() * val.element_size())
+    return _storage_nbytes(val)
+
+
 def _module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
@@ -218,7 +231,7 @@ def build_remat_graph(
         for k, out in enumerate(fresh):
             nodes.append(Node(
                 name=out.name, kind=NodeKind.OP, phase=phase,
-                bytes=_storage_nbytes(out.meta["val"]), inputs=ins, group=node.name,
+                bytes=_op_output_nbytes(node, out.meta["val"]), inputs=ins, group=node.name,
                 cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
                 temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
                 module=module, op=str(target),
