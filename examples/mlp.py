@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-BATCH = 64
+BATCH = 512
 WIDTH = 256
 DEPTH = 6
 

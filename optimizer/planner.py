@@ -75,22 +75,34 @@ def breakdown(graph: RematGraph, budget_bytes: int) -> BudgetBreakdown:
     )
 
 
+def block_of(module: str) -> str:
+    """The module path cut after its first numbered child: 'blocks.0.attn.q' -> 'blocks.0',
+    'layer2.1.conv1' -> 'layer2.1', 'ln_f' -> 'ln_f'; ops outside any submodule -> '<top>'."""
+    if not module:
+        return "<top>"
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
 def module_summaries(
     graph: RematGraph, plan: SimulationResult, store_all: SimulationResult
 ) -> tuple[ModuleSummary, ...]:
-    """Saved bytes and recomputation per module path (ops outside any submodule: '<top>')."""
+    """Saved bytes and recomputation per block (see `block_of`)."""
     saved: dict[str, int] = defaultdict(int)
     saved_before: dict[str, int] = defaultdict(int)
     ops: dict[str, int] = defaultdict(int)
     flops: dict[str, float] = defaultdict(float)
     for name in plan.saved:
-        saved[graph[name].module or "<top>"] += graph[name].bytes
+        saved[block_of(graph[name].module)] += graph[name].bytes
     for name in store_all.saved:
-        saved_before[graph[name].module or "<top>"] += graph[name].bytes
+        saved_before[block_of(graph[name].module)] += graph[name].bytes
     for name, times in plan.recomputed:
         node = graph[name]
-        ops[node.module or "<top>"] += times - 1
-        flops[node.module or "<top>"] += (times - 1) * node.flops
+        ops[block_of(node.module)] += times - 1
+        flops[block_of(node.module)] += (times - 1) * node.flops
     modules = sorted(set(saved) | set(saved_before) | set(ops))
     return tuple(
         ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m]) for m in modules

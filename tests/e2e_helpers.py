@@ -1,0 +1,74 @@
+"""Shared helpers for tests that run real models: load examples, compare gradients, measure."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+
+import torch
+
+from frontends.memory_tracker import track_live_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = ("mlp", "gpt", "convnet")
+
+
+def example_path(name: str) -> str:
+    return os.path.join(ROOT, "examples", f"{name}.py")
+
+
+def load_example(name: str, dtype: torch.dtype = torch.float64, **model_kwargs):
+    """An example's model and inputs in ``dtype`` (integer inputs stay integer)."""
+    spec = importlib.util.spec_from_file_location(f"_example_{name}", example_path(name))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model, inputs = example.get_model(**model_kwargs), tuple(example.get_inputs())
+    model = model.to(dtype)
+    inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+    return model, inputs
+
+
+def loss_of(output) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def train_step(module: torch.nn.Module, inputs: tuple):
+    """One forward+backward; returns (outputs detached, {name: grad})."""
+    for p in module.parameters():
+        p.grad = None
+    out = module(*inputs)
+    loss_of(out).backward()
+    params = module.model if hasattr(module, "plan") else module
+    grads = {n: p.grad.detach().clone() for n, p in params.named_parameters()}
+    flat = [o.detach() for o in (out if isinstance(out, (tuple, list)) else (out,))]
+    return flat, grads
+
+
+def max_relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for name in a:
+        scale = b[name].abs().max().clamp_min(1e-300)
+        worst = max(worst, float((a[name] - b[name]).abs().max() / scale))
+    return worst
+
+
+def resident_bytes(model: torch.nn.Module, inputs: tuple) -> int:
+    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    tensors.update({id(t): t for t in inputs if isinstance(t, torch.Tensor)})
+    return sum(t.untyped_storage().nbytes() for t in tensors.values())
+
+
+def measured_peak(module: torch.nn.Module, inputs: tuple) -> int:
+    """Peak live tensor bytes of one training step, resident parameters and inputs included."""
+    params = module.model if hasattr(module, "plan") else module
+    for p in params.parameters():
+        p.grad = None
+    with track_live_memory() as tracker:
+        loss_of(module(*inputs)).backward()
+    return tracker.result.peak_bytes + resident_bytes(params, inputs)
+
+
+def clone(model: torch.nn.Module) -> torch.nn.Module:
+    return copy.deepcopy(model)
