@@ -11,6 +11,8 @@ storage they view, multi-output ops split into siblings, costs from `frontends.c
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import operator
 import warnings
 from dataclasses import dataclass
@@ -59,7 +61,7 @@ def capture(
     kwargs = dict(kwargs or {})
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:
             exported = torch.export.export(model, tuple(args), kwargs, strict=False)
@@ -82,6 +84,25 @@ def capture(
         buffer_names=tuple(joint.buffers_spec),
         cost_model=cost_model,
     )
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Tracing failures are reported once, as a CaptureError; torch's own logging of them
+    (graph dumps, guard warnings) would bury that line."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))  # export prints partial graphs
+    loggers = [logging.getLogger(name) for name in logging.root.manager.loggerDict
+               if name == "torch" or name.startswith("torch.")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with stack:
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _explain_trace_failure(err: Exception) -> str:
