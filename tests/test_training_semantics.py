@@ -1,0 +1,155 @@
+"""Recomputation must never change training: state, modes, repeated steps, RNG, buffers.
+
+These run the most aggressive classic schedule (recompute-all: every forward value that can be
+recomputed is recomputed for each backward op that reads it), so any way recomputation could
+change the math shows up here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step
+from frontends.remat_module import InputMismatchError
+from optimizer import optimize
+
+AGGRESSIVE = "recompute-all"
+
+
+def _plan(name: str, solver: str = AGGRESSIVE, **model_kwargs):
+    model, inputs = load_example(name, **model_kwargs)
+    rm = optimize(clone(model), inputs, 10**12, solver=solver)
+    return model, inputs, rm
+
+
+def test_dropout_is_bitwise_equal_to_store_all_over_several_steps():
+    model, inputs = load_example("gpt", dropout=0.1)
+    runs = []
+    for solver in ("store-all", AGGRESSIVE):
+        rm = optimize(clone(model), inputs, 10**12, solver=solver)
+        opt = torch.optim.SGD(rm.parameters(), lr=0.05)
+        torch.manual_seed(7)
+        losses, grads = [], []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = loss_of(rm(*inputs))
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters()})
+            opt.step()
+        runs.append((losses, grads))
+    (losses_a, grads_a), (losses_b, grads_b) = runs
+    assert all(torch.equal(a, b) for a, b in zip(losses_a, losses_b))
+    for step_a, step_b in zip(grads_a, grads_b):
+        for name in step_a:
+            assert torch.equal(step_a[name], step_b[name]), name
+    assert any(not torch.equal(losses_a[0], x) for x in losses_a[1:])  # training moved
+
+
+def test_batchnorm_running_stats_match_plain_training_over_ten_steps():
+    model, inputs, rm = _plan("convnet")
+    reference = clone(model)
+    assert rm.plan.recomputed, "recompute-all must recompute the batch norms"
+    for module in (rm, reference):
+        opt = torch.optim.SGD(module.parameters(), lr=0.01)
+        for _ in range(10):
+            opt.zero_grad()
+            loss_of(module(*inputs)).backward()
+            opt.step()
+    for (name, a), (_, b) in zip(rm.model.named_buffers(), reference.named_buffers()):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-10, atol=1e-12), name
+    tracked = [v for k, v in rm.model.state_dict().items() if k.endswith("num_batches_tracked")]
+    assert tracked and all(int(v) == 10 for v in tracked)
+
+
+def test_integer_inputs_still_train_every_parameter():
+    model, inputs, rm = _plan("gpt", dropout=0.0)
+    assert not inputs[0].is_floating_point()
+    _, ref_grads = train_step(clone(model), inputs)
+    _, grads = train_step(rm, inputs)
+    assert set(grads) == {n for n, _ in model.named_parameters()}
+    assert all(g.abs().sum() > 0 for g in grads.values())
+    assert max_relative_error(grads, ref_grads) <= 1e-10
+
+
+def test_twenty_sgd_steps_follow_plain_training():
+    model, inputs, rm = _plan("gpt", dropout=0.0)
+    reference = clone(model)
+    trajectories = []
+    for module in (rm, reference):
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        losses = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = loss_of(module(*inputs))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        trajectories.append(losses)
+    remat, plain = trajectories
+    assert plain[-1] < plain[0]
+    for a, b in zip(remat, plain):
+        assert a == pytest.approx(b, rel=1e-10)
+
+
+def test_gradient_accumulation_and_zero_grad():
+    model, inputs, rm = _plan("mlp")
+    reference = clone(model)
+    for module in (rm, reference):
+        module.zero_grad(set_to_none=True)
+        for _ in range(2):
+            loss_of(module(*inputs)).backward()
+    grads = {n: p.grad for n, p in rm.model.named_parameters()}
+    ref = {n: p.grad for n, p in reference.named_parameters()}
+    assert max_relative_error(grads, ref) <= 1e-10
+    rm.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in rm.model.parameters())
+
+
+def test_eval_runs_the_original_model_and_train_restores_the_plan():
+    model, inputs, rm = _plan("convnet")
+    reference = clone(model)
+    rm.eval()
+    reference.eval()
+    with torch.no_grad():
+        assert torch.equal(loss_of(rm(*inputs)), loss_of(reference(*inputs)))
+    before = {k: v.clone() for k, v in rm.model.named_buffers()}
+    with torch.no_grad():
+        rm(*inputs)
+    assert all(torch.equal(before[k], v) for k, v in rm.model.named_buffers())  # eval: no updates
+    rm.train()
+    reference.train()
+    _, grads = train_step(rm, inputs)
+    _, ref_grads = train_step(reference, inputs)
+    assert max_relative_error(grads, ref_grads) <= 1e-10
+    assert "_recomputed" in rm.backward_graph.code
+
+
+def test_state_dict_round_trip():
+    model, inputs, rm = _plan("gpt", dropout=0.0)
+    state = copy.deepcopy(rm.state_dict())
+    assert state.keys() == model.state_dict().keys()
+    fresh, _ = load_example("gpt", dropout=0.0)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)
+    fresh.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), state.values()))
+    with torch.no_grad():
+        for p in rm.model.parameters():
+            p.mul_(0.5)
+    rm.load_state_dict(state)  # loading back into the remat module restores the model
+    _, grads = train_step(rm, inputs)
+    _, ref_grads = train_step(clone(model), inputs)
+    assert max_relative_error(grads, ref_grads) <= 1e-10
+
+
+def test_changed_input_shape_is_a_clear_error():
+    model, inputs, rm = _plan("mlp")
+    with pytest.raises(InputMismatchError, match="call optimize"):
+        rm(inputs[0][:5], inputs[1][:5])
+    with pytest.raises(InputMismatchError, match="call optimize"):
+        rm(inputs[0].float(), inputs[1].float())
