@@ -14,6 +14,8 @@ import contextlib
 import io
 import logging
 import operator
+import os
+import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -106,16 +108,29 @@ def _quiet_torch_logs():
 
 
 def _explain_trace_failure(err: Exception) -> str:
-    """One line: what failed, and the user's source line when torch names one."""
+    """One line: what failed, and the user's source line (from the traceback or torch's text)."""
     text = str(err).strip().splitlines()
     first = text[0] if text else type(err).__name__
-    where = ""
-    for line in str(err).splitlines():
+    return (f"could not trace the model ({type(err).__name__}: {first}){_user_location(err)}; "
+            "remove data-dependent Python control flow or run that part outside the module")
+
+
+def _is_user_file(filename: str) -> bool:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return not ("site-packages" in filename or "/torch/" in filename or filename.startswith("<")
+                or os.path.abspath(filename).startswith(here + os.sep + "frontends")
+                or os.path.abspath(filename).startswith(here + os.sep + "optimizer"))
+
+
+def _user_location(err: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if _is_user_file(f.filename)]
+    if frames:
+        return f' at File "{frames[-1].filename}", line {frames[-1].lineno}'
+    for line in reversed(str(err).splitlines()):
         stripped = line.strip()
-        if stripped.startswith("File ") and "site-packages" not in stripped and "/torch/" not in stripped:
-            where = f" at {stripped}"
-    return f"could not trace the model ({type(err).__name__}: {first}){where}; " \
-           "remove data-dependent Python control flow or run that part outside the module"
+        if stripped.startswith("File ") and _is_user_file(stripped.split('"')[1] if '"' in stripped else ""):
+            return f" at {stripped}"
+    return ""
 
 
 RECOMPUTABLE_READERS_OF_MUTATED = {torch.ops.aten._native_batch_norm_legit_functional.default}
@@ -198,6 +213,13 @@ def build_remat_graph(
         val = fx_node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             return False
+        if not all(isinstance(d, int) for d in val.shape):
+            where = fx_node.meta.get("stack_trace", "").strip().splitlines()[-2:]
+            raise CaptureError(
+                f"data-dependent shape {tuple(val.shape)} at {fx_node.format_node()} "
+                f"({' '.join(w.strip() for w in where)}): remat-opt plans static shapes; "
+                "move that computation outside the module"
+            )
         key = StorageWeakRef(val.untyped_storage())
         if key in root_of_storage:
             value_of[fx_node.name] = root_of_storage[key]
