@@ -1,17 +1,22 @@
 """Per-op compute cost from torch's own FLOP formulas, with memory-bound ops costed by bytes.
 
-The ``flops`` cost model prices an op at a nominal device: time = max(FLOPs / peak,
-bytes moved / bandwidth). Matmuls are FLOP-bound, pointwise ops and copies are bound by the
-bytes they read and write, so recomputing a cheap-but-large op is not free.
+Every analytic cost model is a roofline: time = max(FLOPs / peak, bytes moved / bandwidth).
+Matmuls are FLOP-bound, pointwise ops and copies are bound by the bytes they read and write, so
+recomputing a cheap-but-large op is not free. ``flops`` prices ops at a nominal device;
+``roofline:<device>`` at a known GPU's datasheet numbers (`frontends.devices`), so a plan for a
+GPU can be made on a laptop; ``profile`` stands for measured times (`frontends.profile`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+
+from frontends.devices import DEVICES, get_device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,16 +28,64 @@ class CostModel:
     """Dense FLOP/s the model assumes."""
     bandwidth: float
     """Memory bytes/s the model assumes."""
+    measured: bool = False
+    """Costs are measured after capture (``profile``): `seconds` is only the nominal estimate the
+    graph carries until `frontends.profile.profiled_graph` replaces it."""
 
     def seconds(self, flops: float, bytes_moved: float) -> float:
         return max(flops / self.peak_flops, bytes_moved / self.bandwidth)
 
     def describe(self) -> str:
+        if self.measured:
+            return f"{self.name} (per-op times measured on the device the module lives on)"
         return f"{self.name} (max(FLOPs / {self.peak_flops:.3g} FLOP/s, bytes / {self.bandwidth:.3g} B/s))"
 
 
 FLOPS_MODEL = CostModel(name="flops", peak_flops=1e12, bandwidth=1e11)
 """Nominal device: 1 TFLOP/s dense, 100 GB/s memory (a ratio of 10 FLOPs per byte)."""
+
+PROFILE_MODEL = CostModel(name="profile", peak_flops=FLOPS_MODEL.peak_flops,
+                          bandwidth=FLOPS_MODEL.bandwidth, measured=True)
+"""Measured costs: capture prices ops nominally, then the profile's times replace them."""
+
+_PRECISION_OF = {
+    torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+}
+
+
+def roofline_model(device: str, dtype: torch.dtype = torch.float32, *, tf32: bool = False) -> CostModel:
+    """``roofline:<device>``: max(FLOPs / the device's dense peak for ``dtype``, bytes / bandwidth).
+
+    ``tf32`` prices float32 matmuls at the TF32 tensor-core rate (PyTorch's default is off:
+    ``torch.backends.cuda.matmul.allow_tf32 = False``). One peak is used for every op, so a
+    mixed-precision step is priced at the precision of ``dtype``.
+    """
+    spec = get_device(device)
+    precision = _PRECISION_OF.get(dtype)
+    if precision is None:
+        raise ValueError(f"no peak FLOP/s for dtype {dtype}: use one of {', '.join(map(str, _PRECISION_OF))}")
+    if precision == "fp32" and tf32:
+        precision = "tf32"
+    return CostModel(name=f"roofline:{spec.name}", peak_flops=spec.peak(precision), bandwidth=spec.bandwidth)
+
+
+def cost_model_from_name(name: str, *, dtype: torch.dtype = torch.float32, tf32: bool = False) -> CostModel:
+    """'flops', 'roofline:<device>' (a key of `frontends.devices.DEVICES`) or 'profile'."""
+    key = name.strip().lower()
+    if key == FLOPS_MODEL.name:
+        return FLOPS_MODEL
+    if key == PROFILE_MODEL.name:
+        return PROFILE_MODEL
+    if key.startswith("roofline:"):
+        return roofline_model(key.removeprefix("roofline:"), dtype, tf32=tf32)
+    known = ["flops", "profile", *(f"roofline:{d}" for d in sorted(DEVICES))]
+    raise ValueError(f"unknown cost model {name!r}: choose one of {', '.join(known)}")
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating dtype most of the model's parameters have (float32 when it has none)."""
+    counts = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
+    return counts.most_common(1)[0][0] if counts else torch.float32
 
 
 def op_flops(node: torch.fx.Node) -> float:

@@ -149,11 +149,15 @@ class _JointBuilder:
             copy.target, copy.args = _WITHOUT_STATS[op.target](copy.args)
         if suffix:
             self.recomputed.append(copy.name)
+        pinned = set(graph.user_outputs)  # the caller holds the first instance: keep reading it
         if op.name == value:  # single-output op
-            self._set(value, copy)
+            if not (value in pinned and count):
+                self._set(value, copy)
             return
         n_outputs = len(copy.meta["val"]) if copy.target is op.target else 3
         for user in op.users:
+            if user.name in pinned and self.instance.get(user.name, 0):
+                continue
             if user.target is operator.getitem and user.name in members and user.args[1] < n_outputs:
                 item = self.graph.create_node(
                     "call_function", operator.getitem, (copy, user.args[1]), name=user.name + suffix

@@ -104,27 +104,39 @@ def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) ->
     resident = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
     needed: set[str] = set(graph.user_outputs) | set(graph.backward_outputs)
 
-    def walk(runs: list[tuple[str, ...]]) -> list[list]:
+    def walk(runs: list[tuple[str, ...]], first_runs: set[int], offset: int) -> list[list]:
         # Returns per run: [run, frees_after_run]; processed in reverse.
         kept: list[list] = []
-        for run in reversed(runs):
-            members = run
-            first = graph[members[0]]
+        for index in reversed(range(len(runs))):
+            run = runs[index]
+            first = graph[run[0]]
+            # A user output is held by the caller from its first computation to the end of the
+            # step: a later run of its op makes a throwaway copy, never a new instance.
+            members = [m for m in run if m not in pinned or index + offset in first_runs]
             live_later = [m for m in members if m in needed]
             if not live_later and not first.compute_once:
                 continue  # nobody reads this computation
-            frees_after = [m for m in members if m not in needed]
+            frees_after = [m for m in members if m not in needed and m not in pinned]
             for m in members:
                 needed.discard(m)
             for inp in dict.fromkeys(first.inputs):
                 if inp not in needed and inp not in resident:
                     frees_after.append(inp)
                     needed.add(inp)
-            kept.append([members, frees_after])
+            kept.append([run, frees_after])
         kept.reverse()
         return kept
 
-    bwd_runs = walk(_group_runs(graph, backward))
+    pinned = set(graph.user_outputs)
+    fwd_groups, bwd_groups = _group_runs(graph, forward), _group_runs(graph, backward)
+    first_runs: set[int] = set()
+    seen: set[str] = set()
+    for index, run in enumerate(fwd_groups + bwd_groups):
+        fresh = [m for m in run if m in pinned and m not in seen]
+        if fresh:
+            first_runs.add(index)
+            seen.update(fresh)
+    bwd_runs = walk(bwd_groups, first_runs, len(fwd_groups))
     # Tangents arrive at the start of backward; those never read are dropped there.
     boundary_frees = [t for t in graph.tangents if t not in needed]
     needed.difference_update(graph.tangents)
@@ -133,7 +145,7 @@ def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) ->
         if name not in needed and name not in resident:
             boundary_frees.append(name)
             needed.add(name)
-    fwd_runs = walk(_group_runs(graph, forward))
+    fwd_runs = walk(fwd_groups, first_runs, 0)
     missing = sorted(needed - resident)
     if missing:
         raise ValueError(f"schedule reads values it never computes: {missing[:5]}")

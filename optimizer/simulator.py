@@ -91,6 +91,8 @@ def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
                 fail(i, "frees a value that is not live")
             if node.kind in (NodeKind.PARAMETER, NodeKind.INPUT):
                 fail(i, "parameters and inputs are resident and cannot be freed")
+            if step.node in graph.user_outputs:
+                fail(i, "user outputs are held by the caller and cannot be freed")
             live.discard(step.node)
             live_bytes -= node.bytes
             curve.append(live_bytes)
@@ -116,11 +118,14 @@ def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
         for inp in node.inputs:
             if inp not in live:
                 fail(i, f"input {inp!r} is not live")
+        throwaway = 0  # a user output recomputed with its siblings: the copy is dropped at once
         for m in members:
             if m in live:
-                fail(i, f"{m!r} is computed again while still live")
-        allocated = sum(graph[m].bytes for m in members)
-        during = live_bytes + allocated + node.temp_bytes
+                if m not in graph.user_outputs:
+                    fail(i, f"{m!r} is computed again while still live")
+                throwaway += graph[m].bytes
+        allocated = sum(graph[m].bytes for m in members if m not in live)
+        during = live_bytes + allocated + throwaway + node.temp_bytes
         if during > peak:
             peak, peak_step, peak_phase, peak_node = during, i, phase, step.node
         for m in members:

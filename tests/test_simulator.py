@@ -111,3 +111,14 @@ def test_baselines_pass_the_simulator_on_random_graphs(seed):
     assert store.extra_cost == 0
     assert lean.extra_cost >= 0
     assert lean.boundary_bytes <= store.boundary_bytes
+
+
+def test_a_user_output_is_never_freed_even_when_its_op_is_recomputed():
+    g = tiny_chain()
+    s = Schedule.from_computes(g, ["a", "b", "loss"], ["loss", "gb", "ga", "gp"])
+    assert free("loss") not in s.steps
+    result = simulate(g, s)
+    assert "loss" not in result.saved
+    bad = Schedule(forward=s.forward + (free("loss"),), backward=(compute("loss"),) + s.backward)
+    with pytest.raises(InvalidScheduleError, match="held by the caller"):
+        simulate(g, bad)
