@@ -100,3 +100,18 @@ def format_bytes(n: int) -> str:
         if round(value, 2) < 1024 or unit == _BINARY_UNITS[-1]:
             break
     return f"{sign}{value:.2f} {unit}"
+
+
+def resolve_budget(budget: str | int, store_all_peak_bytes: int) -> int:
+    """Bytes for ``budget``: a size as `parse_bytes` reads it, or a percentage of the step's
+    store-all (plain autograd) peak, e.g. ``"60%"`` — what sweeps and what-ifs speak in."""
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        number = budget.strip()[:-1].strip()
+        try:
+            percent = Decimal(number)
+        except InvalidOperation:
+            raise BudgetError(f"invalid budget {budget!r}: use a percentage like 60%") from None
+        if not percent.is_finite() or percent <= 0:
+            raise BudgetError(f"invalid budget {budget!r}: a percentage must be positive")
+        return max(1, int(store_all_peak_bytes * percent / 100))
+    return parse_bytes(budget)

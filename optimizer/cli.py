@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Sequence
 
-from optimizer.budget import BudgetError, format_bytes, parse_bytes
+from optimizer.budget import BudgetError, format_bytes, parse_bytes, resolve_budget
 from optimizer.plan import Plan
 
 EXIT_USAGE, EXIT_MODEL_FILE, EXIT_TRACE, EXIT_INFEASIBLE, EXIT_SOLVER, EXIT_OUTPUT = 2, 3, 4, 5, 6, 7
@@ -49,10 +49,11 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", help="Python file defining get_model() and get_inputs()")
     parser.add_argument("--budget", required=True,
-                        help="peak memory of one training step: bytes, or 16GB / 512MB (powers of 10), "
-                             "2GiB / 512MiB (powers of 2)")
-    parser.add_argument("--solver", default="milp", choices=sorted(SOLVERS),
-                        help="scheduling algorithm (default: milp, the exact Checkmate MILP)")
+                        help="peak memory of one training step: bytes, 16GB / 512MB (powers of 10), "
+                             "2GiB / 512MiB (powers of 2), or a percentage of plain autograd's peak (60%%)")
+    parser.add_argument("--solver", default="auto", choices=sorted(SOLVERS),
+                        help="scheduling algorithm (default: auto = fast heuristics, then the exact "
+                             "Checkmate MILP seeded by them on graphs small enough; milp = the MILP alone)")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                         help="solver time limit in seconds (default 60)")
     if verify:
@@ -81,8 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _budget(args: argparse.Namespace) -> int:
+def _budget(args: argparse.Namespace) -> str | int:
+    """The budget as given, checked early; percentages are resolved once store-all is known."""
     try:
+        if args.budget.strip().endswith("%"):
+            resolve_budget(args.budget, 1)
+            return args.budget
         return parse_bytes(args.budget)
     except BudgetError as err:
         raise CliError(str(err), EXIT_USAGE) from None
@@ -98,7 +103,7 @@ def _load(args: argparse.Namespace):
 
 
 @contextlib.contextmanager
-def _planning_errors(budget: int):
+def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError
     from solvers.base import InfeasibleBudgetError, SolverUnavailableError
@@ -112,7 +117,7 @@ def _planning_errors(budget: int):
         if err.smallest_feasible_bytes is not None:
             hint = (f": try --budget {err.smallest_feasible_bytes} "
                     f"({format_bytes(err.smallest_feasible_bytes)})")
-        raise CliError(f"budget {format_bytes(budget)} is too small{hint}", EXIT_INFEASIBLE) from None
+        raise CliError(f"budget {format_bytes(err.budget_bytes)} is too small{hint}", EXIT_INFEASIBLE) from None
     except SolverUnavailableError as err:
         raise CliError(str(err), EXIT_SOLVER) from None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from optimizer.budget import resolve_budget
 from optimizer.graph import RematGraph
 from optimizer.plan import BudgetBreakdown, ModuleSummary, Plan
 from optimizer.simulator import SimulationResult, simulate
@@ -17,16 +18,18 @@ from solvers.baselines import recompute_all_schedule, store_all_schedule
 
 def plan_graph(
     graph: RematGraph,
-    budget_bytes: int,
+    budget: int | str,
     solver: str = "milp",
     options: SolverOptions = SolverOptions(),
     graph_nodes: int = 0,
 ) -> Plan:
-    """Solve for ``budget_bytes`` and return the simulated plan.
+    """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
+    return the simulated plan.
 
     Raises InfeasibleBudgetError (with the smallest budget known to work) when nothing fits.
     """
     store_all = simulate(graph, store_all_schedule(graph))
+    budget_bytes = resolve_budget(budget, store_all.peak_bytes)
     lean = simulate(graph, recompute_all_schedule(graph))
     smallest_known = min(store_all.peak_bytes, lean.peak_bytes)
     result = get_solver(solver)(graph, budget_bytes, options)
@@ -40,7 +43,7 @@ def plan_graph(
         )
     return Plan(
         status=result.status.value,
-        solver=result.solver,
+        solver=solver,
         cost_model=graph.cost_model,
         budget_bytes=budget_bytes,
         predicted_peak_bytes=sim.peak_bytes,

@@ -67,7 +67,14 @@ def _greedy(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResu
     return solve_greedy(graph, budget, options)
 
 
+def _auto(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
+    from solvers.auto import solve_auto
+
+    return solve_auto(graph, budget, options)
+
+
 SOLVERS: dict[str, Solver] = {
+    "auto": _auto,
     "milp": _milp,
     "store-all": _store_all,
     "recompute-all": _recompute_all,

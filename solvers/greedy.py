@@ -1,8 +1,9 @@
 """A fast saved-set heuristic: forward runs once, backward recomputes what was not saved.
 
 The schedule family is the one PyTorch's partitioner uses (choose the values forward saves),
-with each unsaved value recomputed just in time, right before the first backward op that reads
-it, and kept until its last backward read. The search starts from plain autograd's saved set and
+with each unsaved value recomputed just in time from the saved ones, right before the first
+backward op that reads it, and kept until its last backward read (the other values of that
+recomputation die at once). The search starts from plain autograd's saved set and
 drops, one at a time, the value live at the peak whose removal lowers the peak the most per
 second of recomputation, until the budget is met; then it re-saves what still fits. Every
 candidate is judged by the simulator, so the result is exact for the schedule it returns.
@@ -36,9 +37,11 @@ def schedule_from_saved(graph: RematGraph, saved: frozenset[str]) -> Schedule:
             continue
         missing = [i for i in first.inputs if i not in available]
         if missing:
-            closure = forward_closure(graph, missing, available)
-            backward.extend(closure)
-            available.update(closure)
+            # Only the values this op reads stay available; the rest of the closure dies after
+            # it (a later reader recomputes it from the saved set again).
+            backward.extend(forward_closure(graph, missing, available))
+            for name in missing:
+                available.update(graph.group_of(name))
         backward.extend(members)
         available.update(members)
     return Schedule.from_computes(graph, forward, backward)

@@ -66,7 +66,9 @@ def measured_peak(module: torch.nn.Module, inputs: tuple) -> int:
     for p in params.parameters():
         p.grad = None
     with track_live_memory() as tracker:
-        loss_of(module(*inputs)).backward()
+        out = module(*inputs)  # held through backward, as a training loop holds its outputs
+        loss_of(out).backward()
+        del out
     return tracker.result.peak_bytes + resident_bytes(params, inputs)
 
 
