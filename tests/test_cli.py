@@ -1,0 +1,128 @@
+"""The command line: runs on every example, JSON parses, every bad input is one line + exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from e2e_helpers import ROOT, example_path
+from optimizer.cli import (EXIT_INFEASIBLE, EXIT_MODEL_FILE, EXIT_OUTPUT, EXIT_TRACE, EXIT_USAGE,
+                           main)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "optimizer.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("remat-opt: error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "convnet"])
+def test_cli_plans_each_example_and_writes_json(name, tmp_path):
+    out = tmp_path / "plan.json"
+    graphs = tmp_path / "graphs"
+    result = run_cli(example_path(name), "--budget", "90%", "--time-limit", "10",
+                     "--json", str(out), "--save-graphs", str(graphs))
+    assert result.returncode == 0, result.stderr
+    assert "planned peak" in result.stdout and "store-all peak" in result.stdout
+    plan = json.loads(out.read_text())
+    for field in ("status", "solver", "cost_model", "budget_bytes", "predicted_peak_bytes",
+                  "store_all_peak_bytes", "extra_flops", "extra_time_s", "objective", "bound",
+                  "gap", "solve_time_s", "breakdown"):
+        assert field in plan, field
+    assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
+    assert plan["budget_bytes"] == int(0.9 * plan["store_all_peak_bytes"])
+    assert "def forward" in (graphs / "forward.py").read_text()
+    assert "def forward" in (graphs / "backward.py").read_text()
+
+
+@pytest.mark.parametrize("budget", ["abc", "0", "-5GB", "12XB", "%"])
+def test_bad_budget_strings_are_one_line_errors(budget, capsys):
+    code = main([example_path("mlp"), f"--budget={budget}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_USAGE
+    assert len(err) == 1 and err[0].startswith("remat-opt: error: invalid budget")
+
+
+def test_missing_model_file(capsys):
+    assert main(["/no/such/model.py", "--budget", "1GB"]) == EXIT_MODEL_FILE
+    assert "not found" in capsys.readouterr().err
+
+
+def test_model_file_without_entry_points(tmp_path, capsys):
+    path = tmp_path / "empty.py"
+    path.write_text("x = 1\n")
+    assert main([str(path), "--budget", "1GB"]) == EXIT_MODEL_FILE
+    assert "get_model() and get_inputs()" in capsys.readouterr().err
+
+
+def test_model_file_that_raises(tmp_path, capsys):
+    path = tmp_path / "boom.py"
+    path.write_text("raise RuntimeError('boom')\n")
+    assert main([str(path), "--budget", "1GB"]) == EXIT_MODEL_FILE
+    err = capsys.readouterr().err
+    assert "boom" in err and "line 1" in err
+
+
+UNTRACEABLE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.l(x)
+            if h.sum() > 0:
+                h = h * 2
+            return h.sum()
+
+    def get_model():
+        return M()
+
+    def get_inputs():
+        return (torch.randn(3, 4),)
+''')
+
+
+def test_untraceable_model_names_the_source_line(tmp_path):
+    path = tmp_path / "branchy.py"
+    path.write_text(UNTRACEABLE)
+    result = run_cli(str(path), "--budget", "1MB")
+    assert result.returncode == EXIT_TRACE
+    line = one_line_error(result)
+    assert f'{path}", line 12' in line  # the `if h.sum() > 0:` line
+
+
+def test_unmeetable_budget_names_a_feasible_one():
+    result = run_cli(example_path("convnet"), "--budget", "1KB", "--time-limit", "5")
+    assert result.returncode == EXIT_INFEASIBLE
+    line = one_line_error(result)
+    assert "too small: try --budget" in line
+
+
+def test_refuses_to_overwrite_a_file_it_did_not_write(tmp_path, capsys):
+    precious = tmp_path / "notes.json"
+    precious.write_text("my notes")
+    assert main([example_path("mlp"), "--budget", "1GB", "--json", str(precious)]) == EXIT_OUTPUT
+    assert precious.read_text() == "my notes"
+    assert "not written by remat-opt" in capsys.readouterr().err
+
+
+def test_verify_passes_on_the_gpt_example():
+    result = run_cli("verify", example_path("gpt"), "--budget", "70%", "--time-limit", "10")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS" in result.stdout
