@@ -1,10 +1,12 @@
 """Solver back-ends behind one signature: ``solve(graph, budget_bytes, options) -> SolveResult``.
 
-Back-ends import their optional dependencies lazily, so listing them costs nothing.
+`SOLVERS` maps each name the API and the CLI accept to the module and function that implement
+it; modules (and their optional dependencies) are imported only when a solver is used.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from optimizer.graph import RematGraph
@@ -12,83 +14,23 @@ from solvers.base import SolveResult, SolverOptions
 
 Solver = Callable[[RematGraph, int, SolverOptions], SolveResult]
 
-
-def _milp(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.milp import solve_milp
-
-    return solve_milp(graph, budget, options)
-
-
-def _store_all(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.baselines import solve_store_all
-
-    return solve_store_all(graph, budget, options)
-
-
-def _recompute_all(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.baselines import solve_recompute_all
-
-    return solve_recompute_all(graph, budget, options)
-
-
-def _chen(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.chen import solve_chen
-
-    return solve_chen(graph, budget, options)
-
-
-def _chen_greedy(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.chen import solve_chen_greedy
-
-    return solve_chen_greedy(graph, budget, options)
-
-
-def _blocks(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.blocks import solve_blocks
-
-    return solve_blocks(graph, budget, options, every=1)
-
-
-def _revolve(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.revolve import solve_revolve
-
-    return solve_revolve(graph, budget, options)
-
-
-def _chain_dp(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.chain_dp import solve_chain_dp
-
-    return solve_chain_dp(graph, budget, options)
-
-
-def _greedy(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.greedy import solve_greedy
-
-    return solve_greedy(graph, budget, options)
-
-
-def _auto(graph: RematGraph, budget: int, options: SolverOptions) -> SolveResult:
-    from solvers.auto import solve_auto
-
-    return solve_auto(graph, budget, options)
-
-
-SOLVERS: dict[str, Solver] = {
-    "auto": _auto,
-    "milp": _milp,
-    "store-all": _store_all,
-    "recompute-all": _recompute_all,
-    "chen": _chen,
-    "chen-greedy": _chen_greedy,
-    "blocks": _blocks,
-    "revolve": _revolve,
-    "chain-dp": _chain_dp,
-    "greedy": _greedy,
+SOLVERS: dict[str, tuple[str, str]] = {
+    "auto": ("solvers.auto", "solve_auto"),
+    "milp": ("solvers.milp", "solve_milp"),
+    "greedy": ("solvers.greedy", "solve_greedy"),
+    "store-all": ("solvers.baselines", "solve_store_all"),
+    "recompute-all": ("solvers.baselines", "solve_recompute_all"),
+    "chen": ("solvers.chen", "solve_chen"),
+    "chen-greedy": ("solvers.chen", "solve_chen_greedy"),
+    "blocks": ("solvers.blocks", "solve_blocks"),
+    "revolve": ("solvers.revolve", "solve_revolve"),
+    "chain-dp": ("solvers.chain_dp", "solve_chain_dp"),
 }
 
 
 def get_solver(name: str) -> Solver:
     try:
-        return SOLVERS[name]
+        module, function = SOLVERS[name]
     except KeyError:
         raise ValueError(f"unknown solver {name!r}: choose one of {', '.join(SOLVERS)}") from None
+    return getattr(importlib.import_module(module), function)
