@@ -66,6 +66,13 @@ class AllocatorModel:
         ]
         return dataclasses.replace(graph, nodes=tuple(nodes))
 
+    def describe(self) -> str:
+        """One line for reports (``none`` for exact byte accounting)."""
+        if self.block_bytes == 1 and not self.workspace_reserve_bytes and not self.fragmentation_margin:
+            return "none"
+        return (f"blocks of {self.block_bytes} B, reserve {self.workspace_reserve_bytes} B, "
+                f"margin {100 * self.fragmentation_margin:g}%")
+
     def planned_peak(self, simulated_peak: int) -> int:
         """Peak to show and to compare with the budget: simulated peak + margin + reserve."""
         return math.ceil(simulated_peak * (1.0 + self.fragmentation_margin)) + self.workspace_reserve_bytes

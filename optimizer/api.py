@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from optimizer.allocator import AllocatorModel
 from optimizer.budget import parse_bytes
 from optimizer.plan import Plan
 from optimizer.planner import plan_graph
@@ -20,6 +21,8 @@ def optimize(
     time_limit: float = 60.0,
     threads: int = 1,
     verbose: bool = False,
+    cost_model: str = "flops",
+    allocator: AllocatorModel | None = None,
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -30,9 +33,10 @@ def optimize(
     the graph is small enough), ``milp`` (the exact Checkmate MILP), ``greedy``, the classic
     schedules (``chen``, ``chen-greedy``, ``blocks``, ``revolve``, ``chain-dp``), ``store-all``
     and ``recompute-all``. ``rm(*example_inputs)`` returns what ``model(*example_inputs)`` returns;
-    ``rm.plan`` says what was decided and predicted.
+    ``rm.plan`` says what was decided and predicted. ``cost_model`` is ``flops``,
+    ``roofline:<device>`` (see `frontends.devices`) or ``profile`` (measured on the device the
+    model lives on); ``allocator`` adds a CUDA allocator's rounding and margins to the peaks.
     """
-    from frontends.capture import capture
     from frontends.remat_module import RematModule
 
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
@@ -40,13 +44,30 @@ def optimize(
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
-    captured = capture(model, example_inputs, example_kwargs)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
     plan = plan_graph(
         captured.graph, budget, solver,
         SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose),
-        graph_nodes=len(captured.gm.graph.nodes),
+        graph_nodes=len(captured.gm.graph.nodes), allocator=allocator,
     )
     return RematModule(model, captured, plan, example_inputs, example_kwargs)
+
+
+def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None,
+                       cost_model: str = "flops"):
+    """Capture the step and cost its ops under ``cost_model`` (profiling runs them once)."""
+    import dataclasses
+
+    from frontends.capture import capture
+    from frontends.costs import cost_model_from_name, model_dtype
+    from frontends.profile import profiled_graph
+
+    model_costs = cost_model_from_name(cost_model, dtype=model_dtype(model))
+    captured = capture(model, tuple(example_inputs), example_kwargs, cost_model=model_costs)
+    if model_costs.measured:
+        graph = profiled_graph(captured, model, tuple(example_inputs), example_kwargs)
+        captured = dataclasses.replace(captured, graph=graph)
+    return captured
 
 
 def plan_only(
@@ -57,11 +78,11 @@ def plan_only(
     example_kwargs: dict | None = None,
     solver: str = "auto",
     time_limit: float = 60.0,
+    cost_model: str = "flops",
+    allocator: AllocatorModel | None = None,
 ) -> Plan:
     """The plan without building the module (what-if use)."""
-    from frontends.capture import capture
-
-    captured = capture(model, tuple(example_inputs), example_kwargs)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
     return plan_graph(captured.graph, budget, solver,
                       SolverOptions(time_limit_s=time_limit),
-                      graph_nodes=len(captured.gm.graph.nodes))
+                      graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)

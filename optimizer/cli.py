@@ -48,7 +48,7 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                "'remat-opt verify MODEL.py --budget B' checks a plan by running it.",
     )
     parser.add_argument("model", help="Python file defining get_model() and get_inputs()")
-    parser.add_argument("--budget", required=True,
+    parser.add_argument("--budget", required=verify,
                         help="peak memory of one training step: bytes, 16GB / 512MB (powers of 10), "
                              "2GiB / 512MiB (powers of 2), or a percentage of plain autograd's peak (60%%)")
     parser.add_argument("--solver", default="auto", choices=sorted(SOLVERS),
@@ -58,6 +58,15 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="solver time limit in seconds (default 60)")
     if verify:
         return parser
+    parser.add_argument("--device", metavar="NAME",
+                        help="plan for a GPU you do not have: roofline cost model of NAME, CUDA "
+                             "allocator rounding, and NAME's memory as the default budget "
+                             "(h100, h200, a100-80gb, a100-40gb, l4, rtx4090, v100, t4, cpu-nominal)")
+    parser.add_argument("--cost-model", metavar="MODEL",
+                        help="flops (default), roofline:<device>, or profile (time each op here)")
+    parser.add_argument("--measure", action="store_true",
+                        help="run one real training step of the rewritten module and report its "
+                             "measured peak and step time next to the prediction")
     parser.add_argument("--json", metavar="FILE", help="write the plan as JSON (same field names as Plan)")
     parser.add_argument("--save-graphs", metavar="DIR",
                         help="write the generated forward.py and backward.py into DIR")
@@ -126,7 +135,9 @@ def run(args: argparse.Namespace) -> str:
     """Plan the model file as the arguments say; return the text report."""
     from optimizer.api import optimize
 
-    budget = _budget(args)
+    if args.budget is None and args.device is None:
+        raise CliError("give --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
+    budget, cost_model, allocator = _device_settings(args)
     for path in (args.json,):
         if path:
             _check_writable(path)
@@ -135,9 +146,14 @@ def run(args: argparse.Namespace) -> str:
             _check_writable(os.path.join(args.save_graphs, name))
     model, inputs = _load(args)
     with _planning_errors(budget):
-        module = optimize(model, inputs, budget, solver=args.solver,
-                          time_limit=args.time_limit, verbose=args.verbose)
+        module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
+                          verbose=args.verbose, cost_model=cost_model, allocator=allocator)
     plan = module.plan
+    measured = None
+    if args.measure:
+        from frontends.measure import measure_step
+
+        measured = measure_step(module, inputs)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"generated_by": "remat-opt", "model": args.model, **plan.to_json()}, fh, indent=2)
@@ -146,7 +162,38 @@ def run(args: argparse.Namespace) -> str:
         for name, gm in (("forward.py", module.forward_graph), ("backward.py", module.backward_graph)):
             with open(os.path.join(args.save_graphs, name), "w") as fh:
                 fh.write(f"{GENERATED_MARK} for {args.model}\n{gm.code}")
-    return format_report(plan, args.model)
+    report = format_report(plan, args.model)
+    if measured is not None:
+        report += (f"\n  measured           peak {format_bytes(measured.peak_bytes)}"
+                   f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
+                   f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
+    return report
+
+
+def _device_settings(args: argparse.Namespace):
+    """Budget, cost model and allocator from --budget, --device and --cost-model."""
+    from frontends.devices import get_device
+    from optimizer.allocator import AllocatorModel
+
+    cost_model = args.cost_model or "flops"
+    allocator = None
+    budget = _budget(args) if args.budget is not None else None
+    if args.device:
+        try:
+            device = get_device(args.device)
+        except ValueError as err:
+            raise CliError(str(err), EXIT_USAGE) from None
+        cost_model = args.cost_model or f"roofline:{args.device}"
+        allocator = AllocatorModel()
+        if budget is None:
+            budget = device.memory_bytes
+    from frontends.costs import cost_model_from_name
+
+    try:
+        cost_model_from_name(cost_model)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    return budget, cost_model, allocator
 
 
 def run_verify(args: argparse.Namespace) -> tuple[str, bool]:
@@ -200,6 +247,8 @@ def format_report(plan: Plan, model_path: str) -> str:
         f"  extra compute      {plan.extra_flops:.3g} FLOPs, {plan.extra_time_s:.3g} s ({pct}; cost model {plan.cost_model})",
         f"  solver             {plan.solver}: {plan.status}, gap {gap}, {plan.solve_time_s:.2f} s",
     ]
+    if plan.allocator != "none":
+        lines.append(f"  allocator          {plan.allocator} (included in the peaks above)")
     if plan.message:
         lines.append(f"  note               {plan.message}")
     lines.append("  per module         saved (store-all -> plan)      recomputed ops")

@@ -76,6 +76,8 @@ class Plan:
     """(value, times computed) for every value computed more than once."""
     modules: tuple[ModuleSummary, ...]
     message: str = ""
+    allocator: str = "none"
+    """Allocator model included in the byte figures (block rounding, reserve, margin)."""
     schedule: Schedule | None = field(default=None, repr=False, compare=False)
 
     @property

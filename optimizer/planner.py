@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from optimizer.budget import resolve_budget
+from optimizer.allocator import AllocatorModel
 from optimizer.graph import RematGraph
 from optimizer.plan import BudgetBreakdown, ModuleSummary, Plan
 from optimizer.simulator import SimulationResult, simulate
@@ -22,21 +23,29 @@ def plan_graph(
     solver: str = "milp",
     options: SolverOptions = SolverOptions(),
     graph_nodes: int = 0,
+    allocator: AllocatorModel | None = None,
 ) -> Plan:
     """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
     return the simulated plan.
 
+    With an ``allocator`` (a CUDA caching allocator's block rounding, workspace reserve and
+    fragmentation margin), every value is rounded to whole blocks and the planned peak includes
+    the reserve and margin; the solvers get the budget that leaves room for them.
+
     Raises InfeasibleBudgetError (with the smallest budget known to work) when nothing fits.
     """
+    allocator = allocator or AllocatorModel(block_bytes=1)
+    graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
-    budget_bytes = resolve_budget(budget, store_all.peak_bytes)
+    budget_bytes = resolve_budget(budget, allocator.planned_peak(store_all.peak_bytes))
+    solver_budget = allocator.solver_budget(budget_bytes)
     lean = simulate(graph, recompute_all_schedule(graph))
-    smallest_known = min(store_all.peak_bytes, lean.peak_bytes)
-    result = get_solver(solver)(graph, budget_bytes, options)
+    smallest_known = allocator.planned_peak(min(store_all.peak_bytes, lean.peak_bytes))
+    result = get_solver(solver)(graph, solver_budget, options)
     if result.schedule is None:
         raise InfeasibleBudgetError(budget_bytes, smallest_known, f" ({result.message})" if result.message else "")
     sim = simulate(graph, result.schedule)
-    if sim.peak_bytes > budget_bytes:
+    if sim.peak_bytes > solver_budget:
         raise AssertionError(
             f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
             f"for a budget of {budget_bytes}: this is a bug in the solver"
@@ -46,8 +55,8 @@ def plan_graph(
         solver=solver,
         cost_model=graph.cost_model,
         budget_bytes=budget_bytes,
-        predicted_peak_bytes=sim.peak_bytes,
-        store_all_peak_bytes=store_all.peak_bytes,
+        predicted_peak_bytes=allocator.planned_peak(sim.peak_bytes),
+        store_all_peak_bytes=allocator.planned_peak(store_all.peak_bytes),
         extra_flops=sim.extra_flops,
         extra_time_s=sim.extra_cost,
         step_flops=graph.base_flops,
@@ -63,6 +72,7 @@ def plan_graph(
         recomputed=sim.recomputed,
         modules=module_summaries(graph, sim, store_all),
         message=result.message,
+        allocator=allocator.describe(),
         schedule=result.schedule,
     )
 
