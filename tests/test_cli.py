@@ -126,3 +126,18 @@ def test_verify_passes_on_the_gpt_example():
     result = run_cli("verify", example_path("gpt"), "--budget", "70%", "--time-limit", "10")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
+
+
+def test_device_what_if_with_measurement():
+    result = run_cli(example_path("gpt"), "--device", "h100", "--budget", "80%", "--measure",
+                     "--time-limit", "10")
+    assert result.returncode == 0, result.stderr
+    assert "cost model roofline:h100" in result.stdout
+    assert "allocator          blocks of 512 B" in result.stdout
+    measured = [line for line in result.stdout.splitlines() if "measured" in line]
+    assert measured and "vs planned" in measured[0]
+
+
+def test_unknown_device_is_a_usage_error(capsys):
+    assert main([example_path("mlp"), "--device", "tpu9"]) == EXIT_USAGE
+    assert "known devices are" in capsys.readouterr().err
