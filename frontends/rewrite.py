@@ -91,7 +91,8 @@ class _JointBuilder:
         self.env: dict[str, fx.Node] = {}  # value or placeholder name -> live copy
         self.region_of: dict[fx.Node, str] = {}
         self.instance: dict[str, int] = {}  # value -> how many times computed so far
-        self.view_memo: dict[tuple[str, str, int], fx.Node] = {}
+        self.view_memo: dict[tuple, fx.Node] = {}
+        self.roots: dict[str, tuple[str, ...]] = {}
         self.recomputed: list[str] = []
         for node in self.old.nodes:
             if node.op == "placeholder":
@@ -111,19 +112,29 @@ class _JointBuilder:
         value = self.captured.value_of.get(node.name)
         if value == node.name and value in self.env:
             return self.env[value]
-        if value is not None and value != node.name:
-            key = (node.name, tag, self.instance.get(value, 0))
-            if key not in self.view_memo:  # an alias: re-derive it from the live storage
-                self.view_memo[key] = self._copy(node, tag, node.name)
-            return self.view_memo[key]
         if node.name in self.captured.graph.groups:
             raise RewriteError(f"multi-output op read as a whole: {node.format_node()}")
-        if value is None and node.op == "call_function":  # a non-tensor helper value
-            key = (node.name, tag, 0)
+        if node.op == "call_function" and value != node.name:
+            # An alias (view, detach, split's tuple, ...) or a non-tensor helper: re-derive it
+            # from the copies of the storages it depends on that are live now, once per region.
+            key = (node.name, tag, tuple((r, self.instance.get(r, 0)) for r in self._roots(node)))
             if key not in self.view_memo:
                 self.view_memo[key] = self._copy(node, tag, node.name)
             return self.view_memo[key]
         raise RewriteError(f"the schedule reads {node.name!r} before computing it: {node.format_node()}")
+
+    def _roots(self, node: fx.Node) -> tuple[str, ...]:
+        """The values (storages) an alias or helper node is derived from, without compute."""
+        if node.name not in self.roots:
+            value = self.captured.value_of.get(node.name)
+            if node.op == "placeholder" or value == node.name:
+                found: tuple[str, ...] = (value or node.name,)
+            elif value is not None:
+                found = (value,)
+            else:
+                found = tuple(sorted({r for arg in node.all_input_nodes for r in self._roots(arg)}))
+            self.roots[node.name] = found
+        return self.roots[node.name]
 
     def _copy(self, node: fx.Node, tag: str, name: str) -> fx.Node:
         """Copy ``node`` into ``tag``'s region, its arguments read where it now stands."""

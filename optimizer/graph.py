@@ -51,9 +51,10 @@ class Node:
     temp_bytes: int = 0
     """Bytes the op allocates but nobody uses; live only while the op runs."""
     random: bool = False
-    """Draws random numbers: computed exactly once, in forward (never recomputed)."""
+    """Draws random numbers: computed exactly once, in its own phase (never recomputed)."""
     mutates: bool = False
-    """Mutates state or has a side effect: computed exactly once, in forward."""
+    """Mutates state, has a side effect, or reads a buffer the step updates: computed exactly
+    once, in its own phase."""
     module: str = ""
     """Module path that produced it (forward ops), for per-module summaries."""
     op: str = ""

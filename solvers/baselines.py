@@ -3,7 +3,8 @@
 - store-all: plain autograd. Forward computes everything once and keeps what backward reads.
 - recompute-all: forward keeps nothing but resident values, outputs and ops that must not be
   recomputed; each backward op recomputes the forward values it needs from those, right
-  before it runs. Least memory a forward-ordered schedule can reach, at the highest cost.
+  before it runs. Very lean, at the highest cost (not always the leanest schedule: recomputing
+  a branch in a different order can peak lower).
 """
 
 from __future__ import annotations
