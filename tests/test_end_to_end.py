@@ -144,3 +144,33 @@ def test_recomputed_views_do_not_hold_stale_storage(solver):
     assert rm.backward_graph.code.count("aten.split.Tensor") >= 2
     measured = measured_peak(rm, inputs)
     assert abs(measured - rm.plan.predicted_peak_bytes) <= 64, (measured, rm.plan.predicted_peak_bytes)
+
+
+class _KeywordModel(torch.nn.Module):
+    """Two inputs, one by keyword, two outputs: the capture must keep the call convention."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 16)
+
+    def forward(self, x, *, mask):
+        h = torch.tanh(self.a(x)) * mask
+        out = self.b(h)
+        return (out ** 2).mean(), out
+
+
+def test_keyword_inputs_and_several_outputs():
+    torch.manual_seed(0)
+    model = _KeywordModel().double()
+    x = torch.randn(1024, 16, dtype=torch.float64)
+    mask = (torch.rand(1024, 32) > 0.5).double()
+    rm = optimize(clone(model), (x,), "95%", example_kwargs={"mask": mask}, solver="greedy")
+    assert rm.plan.recomputed
+    loss, out = rm(x, mask=mask)
+    ref_loss, ref_out = model(x, mask=mask)
+    assert torch.allclose(out, ref_out, rtol=1e-12, atol=0)
+    loss.backward()
+    ref_loss.backward()
+    grads = {n: p.grad for n, p in rm.model.named_parameters()}
+    assert max_relative_error(grads, {n: p.grad for n, p in model.named_parameters()}) <= 1e-10
