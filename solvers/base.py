@@ -10,7 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import time
+
 from optimizer.schedule import Schedule
+from optimizer.simulator import SimulationResult
 
 
 class SolveStatus(enum.Enum):
@@ -72,3 +75,26 @@ class InfeasibleBudgetError(ValueError):
 
 class SolverUnavailableError(RuntimeError):
     """An optional back-end is not installed; the message says what to install."""
+
+
+def heuristic_result(
+    solver: str, budget_bytes: int, schedule: Schedule | None,
+    sim: SimulationResult | None, start: float, detail: str = "",
+) -> SolveResult:
+    """A schedule with no optimality claim: HEURISTIC when its simulated peak fits the budget,
+    else INFEASIBLE with that peak in the message."""
+    if schedule is None or sim is None:
+        return SolveResult(solver, SolveStatus.INFEASIBLE, None, None, None,
+                           time.perf_counter() - start, detail)
+    fits = sim.peak_bytes <= budget_bytes
+    message = detail if fits else f"{solver} peaks at {sim.peak_bytes} bytes" + (
+        f" ({detail})" if detail else "")
+    return SolveResult(
+        solver=solver,
+        status=SolveStatus.HEURISTIC if fits else SolveStatus.INFEASIBLE,
+        schedule=schedule if fits else None,
+        objective=sim.total_cost if fits else None,
+        bound=None,
+        solve_time_s=time.perf_counter() - start,
+        message=message,
+    )

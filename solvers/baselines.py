@@ -14,7 +14,7 @@ import time
 from optimizer.graph import Phase, RematGraph
 from optimizer.schedule import Schedule
 from optimizer.simulator import simulate
-from solvers.base import SolveResult, SolverOptions, SolveStatus
+from solvers.base import SolveResult, SolverOptions, heuristic_result
 
 
 def store_all_schedule(graph: RematGraph) -> Schedule:
@@ -64,25 +64,13 @@ def recompute_all_schedule(graph: RematGraph) -> Schedule:
     return Schedule.from_computes(graph, forward, backward)
 
 
-def _classic(name: str, schedule: Schedule, graph: RematGraph, budget: int, start: float) -> SolveResult:
-    sim = simulate(graph, schedule)
-    fits = sim.peak_bytes <= budget
-    return SolveResult(
-        solver=name,
-        status=SolveStatus.HEURISTIC if fits else SolveStatus.INFEASIBLE,
-        schedule=schedule if fits else None,
-        objective=sim.total_cost if fits else None,
-        bound=None,
-        solve_time_s=time.perf_counter() - start,
-        message="" if fits else f"{name} peaks at {sim.peak_bytes} bytes",
-    )
-
-
 def solve_store_all(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     start = time.perf_counter()
-    return _classic("store-all", store_all_schedule(graph), graph, budget_bytes, start)
+    schedule = store_all_schedule(graph)
+    return heuristic_result("store-all", budget_bytes, schedule, simulate(graph, schedule), start)
 
 
 def solve_recompute_all(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     start = time.perf_counter()
-    return _classic("recompute-all", recompute_all_schedule(graph), graph, budget_bytes, start)
+    schedule = recompute_all_schedule(graph)
+    return heuristic_result("recompute-all", budget_bytes, schedule, simulate(graph, schedule), start)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from optimizer.graph import RematGraph
 from optimizer.simulator import simulate
-from solvers.base import SolveResult, SolverOptions
-from solvers.segments import classic_result, forward_values, pinned_values, segment_schedule
+from solvers.base import heuristic_result, SolveResult, SolverOptions
+from solvers.segments import forward_values, pinned_values, segment_schedule
 
 _INDEX = re.compile(r"^\d+$")
 _TRAILING_NUMBER = re.compile(r"\d+$")
@@ -114,4 +114,4 @@ def solve_blocks(
     where = ", ".join(dict.fromkeys(b.path.rsplit(".", 1)[0] for b in blocks)) or \
         "no repeated blocks found"
     detail = f"{len(chosen)} of {len(blocks)} blocks checkpointed ({where})"
-    return classic_result("blocks", graph, budget_bytes, schedule, sim, start, detail)
+    return heuristic_result("blocks", budget_bytes, schedule, sim, start, detail)

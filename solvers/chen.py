@@ -21,9 +21,9 @@ import time
 from optimizer.graph import RematGraph
 from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult, simulate
-from solvers.base import SolveResult, SolverOptions
+from solvers.base import heuristic_result, SolveResult, SolverOptions
 from solvers.linearize import Linearization, linearize
-from solvers.segments import classic_result, pinned_values, segment_schedule
+from solvers.segments import pinned_values, segment_schedule
 
 _GREEDY_THRESHOLDS = 48
 """Thresholds tried by chen-greedy, geometrically spaced between one stage and the whole net."""
@@ -97,7 +97,7 @@ def solve_chen(
     schedule = chen_schedule(graph, lin, checkpoints)
     sim = simulate(graph, schedule)
     detail = f"{len(checkpoints) + 1} segments over {len(lin.articulation)} articulation values"
-    return classic_result("chen", graph, budget_bytes, schedule, sim, start, detail)
+    return heuristic_result("chen", budget_bytes, schedule, sim, start, detail)
 
 
 def solve_chen_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
@@ -129,8 +129,8 @@ def solve_chen_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptio
                 best = (sim.total_cost, sim.peak_bytes, schedule, sim, how)
     if best is None:
         peak = smallest.peak_bytes if smallest is not None else None
-        return classic_result("chen-greedy", graph, budget_bytes, None, None, start,
+        return heuristic_result("chen-greedy", budget_bytes, None, None, start,
                               f"chen-greedy peaks at {peak} bytes at best")
     _, _, schedule, sim, how = best
-    return classic_result("chen-greedy", graph, budget_bytes, schedule, sim, start,
+    return heuristic_result("chen-greedy", budget_bytes, schedule, sim, start,
                           f"{how}, {len(candidates)} candidates")

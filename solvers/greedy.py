@@ -19,7 +19,7 @@ import time
 from optimizer.graph import Phase, RematGraph
 from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult, simulate
-from solvers.base import SolveResult, SolverOptions, SolveStatus
+from solvers.base import SolveResult, SolverOptions, heuristic_result
 from solvers.baselines import forward_closure, kept_through_backward
 
 CANDIDATES_PER_STEP = 8
@@ -118,13 +118,4 @@ def _live_at(graph: RematGraph, schedule: Schedule, step: int) -> set[str]:
 def solve_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     start = time.perf_counter()
     schedule, result = greedy_saved_set(graph, budget_bytes, start + options.time_limit_s)
-    fits = result.peak_bytes <= budget_bytes
-    return SolveResult(
-        solver="greedy",
-        status=SolveStatus.HEURISTIC if fits else SolveStatus.INFEASIBLE,
-        schedule=schedule if fits else None,
-        objective=result.total_cost if fits else None,
-        bound=None,
-        solve_time_s=time.perf_counter() - start,
-        message="" if fits else f"greedy reached {result.peak_bytes} bytes at best",
-    )
+    return heuristic_result("greedy", budget_bytes, schedule, result, start)

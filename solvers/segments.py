@@ -11,13 +11,10 @@ frees, so a kept value lives exactly until its last read.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Set
 
 from optimizer.graph import NodeKind, Phase, RematGraph
 from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult
-from solvers.base import SolveResult, SolveStatus
 from solvers.baselines import forward_closure, kept_through_backward
 
 
@@ -78,28 +75,6 @@ def segment_schedule(graph: RematGraph, kept: Set[str], segment_of: Mapping[str,
                 active.setdefault(seg, set()).update(targets)
         backward.extend(members)
     return Schedule.from_computes(graph, forward_values(graph), backward)
-
-
-def classic_result(
-    solver: str, graph: RematGraph, budget_bytes: int, schedule: Schedule | None,
-    sim: SimulationResult | None, start: float, detail: str = "",
-) -> SolveResult:
-    """HEURISTIC when the simulated schedule fits the budget, else INFEASIBLE with its peak."""
-    if schedule is None or sim is None:
-        return SolveResult(solver, SolveStatus.INFEASIBLE, None, None, None,
-                           time.perf_counter() - start, detail)
-    fits = sim.peak_bytes <= budget_bytes
-    message = detail if fits else f"{solver} peaks at {sim.peak_bytes} bytes" + (
-        f" ({detail})" if detail else "")
-    return SolveResult(
-        solver=solver,
-        status=SolveStatus.HEURISTIC if fits else SolveStatus.INFEASIBLE,
-        schedule=schedule if fits else None,
-        objective=sim.total_cost if fits else None,
-        bound=None,
-        solve_time_s=time.perf_counter() - start,
-        message=message,
-    )
 
 
 def resident_names(graph: RematGraph) -> set[str]:

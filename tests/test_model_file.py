@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 from frontends.model_file import ModelFileError, load_model_file
