@@ -28,7 +28,7 @@ from optimizer.planner import plan_graph  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
 
 EXAMPLES = ("mlp", "gpt", "convnet")
-BUDGETS = ("90%", "70%", "50%")
+BUDGETS = ("90%", "75%", "60%")
 SOLVERS = ("auto", "greedy", "chain-dp", "chen-greedy", "blocks", "recompute-all")
 
 
