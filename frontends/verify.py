@@ -76,7 +76,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def verify(model: torch.nn.Module, inputs: tuple, budget, *, solver: str = "milp",
-           time_limit: float = 60.0, seed: int = 0) -> VerifyResult:
+           time_limit: float = 60.0, seed: int = 0, backend: str = "auto") -> VerifyResult:
     """Plan a float64 copy of ``model`` for ``budget`` and compare one step with plain autograd.
 
     Random ops draw the same numbers in both runs (same seed, random ops never recomputed).
@@ -86,7 +86,7 @@ def verify(model: torch.nn.Module, inputs: tuple, budget, *, solver: str = "milp
     plain_model, inputs = to_float64(model, inputs)
     remat_model = copy.deepcopy(plain_model)
     plain_out, plain_grads, plain_peak = measured_step(plain_model, plain_model, inputs, seed)
-    rm = optimize(remat_model, inputs, budget, solver=solver, time_limit=time_limit)
+    rm = optimize(remat_model, inputs, budget, solver=solver, time_limit=time_limit, backend=backend)
     out, grads, peak = measured_step(rm, remat_model, inputs, seed)
     missing = sorted(set(plain_grads) ^ set(grads))
     if missing:

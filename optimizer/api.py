@@ -23,6 +23,7 @@ def optimize(
     verbose: bool = False,
     cost_model: str = "flops",
     allocator: AllocatorModel | None = None,
+    backend: str = "auto",
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -47,7 +48,7 @@ def optimize(
     captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
     plan = plan_graph(
         captured.graph, budget, solver,
-        SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose),
+        SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend),
         graph_nodes=len(captured.gm.graph.nodes), allocator=allocator,
     )
     return RematModule(model, captured, plan, example_inputs, example_kwargs)

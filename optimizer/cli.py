@@ -56,6 +56,8 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                              "Checkmate MILP seeded by them on graphs small enough; milp = the MILP alone)")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                         help="solver time limit in seconds (default 60)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "highs", "cbc"),
+                        help="MILP back-end: HiGHS (highspy) when installed, else CBC bundled with PuLP")
     if verify:
         return parser
     parser.add_argument("--device", metavar="NAME",
@@ -147,7 +149,8 @@ def run(args: argparse.Namespace) -> str:
     model, inputs = _load(args)
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
-                          verbose=args.verbose, cost_model=cost_model, allocator=allocator)
+                          verbose=args.verbose, cost_model=cost_model, allocator=allocator,
+                          backend=args.backend)
     plan = module.plan
     measured = None
     if args.measure:
@@ -203,7 +206,8 @@ def run_verify(args: argparse.Namespace) -> tuple[str, bool]:
     budget = _budget(args)
     model, inputs = _load(args)
     with _planning_errors(budget):
-        result = verify(model, inputs, budget, solver=args.solver, time_limit=args.time_limit)
+        result = verify(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
+                        backend=args.backend)
     verdict = "PASS" if result.passed else "FAIL"
     lines = [
         f"remat-opt verify {args.model} --budget {args.budget} (float64): {verdict}",

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from e2e_helpers import ROOT, example_path
-from optimizer.cli import (EXIT_INFEASIBLE, EXIT_MODEL_FILE, EXIT_OUTPUT, EXIT_TRACE, EXIT_USAGE,
+from optimizer.cli import (EXIT_INFEASIBLE, EXIT_MODEL_FILE, EXIT_OUTPUT, EXIT_SOLVER, EXIT_TRACE, EXIT_USAGE,
                            main)
 
 
@@ -140,3 +140,46 @@ def test_device_what_if_with_measurement():
 def test_unknown_device_is_a_usage_error(capsys):
     assert main([example_path("mlp"), "--device", "tpu9"]) == EXIT_USAGE
     assert "known devices are" in capsys.readouterr().err
+
+
+def test_missing_solver_back_end_gives_an_install_hint(monkeypatch, capsys):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "highspy" else real_find_spec(name, *a, **k))
+    code = main([example_path("mlp"), "--budget", "85%", "--solver", "milp", "--backend", "highs"])
+    assert code == EXIT_SOLVER
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install highspy" in err[0]
+
+
+NONZERO = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.l(x)
+            picked = h[h > 0]
+            return picked.sum()
+
+    def get_model():
+        return M()
+
+    def get_inputs():
+        return (torch.randn(3, 4),)
+''')
+
+
+def test_op_with_data_dependent_output_is_a_trace_error(tmp_path):
+    path = tmp_path / "masked.py"
+    path.write_text(NONZERO)
+    result = run_cli(str(path), "--budget", "1MB")
+    assert result.returncode == EXIT_TRACE
+    line = one_line_error(result)
+    assert f'{path}", line 12' in line
