@@ -17,6 +17,7 @@ Solver = Callable[[RematGraph, int, SolverOptions], SolveResult]
 SOLVERS: dict[str, tuple[str, str]] = {
     "auto": ("solvers.auto", "solve_auto"),
     "milp": ("solvers.milp", "solve_milp"),
+    "cpsat": ("solvers.cpsat", "solve_cpsat"),
     "greedy": ("solvers.greedy", "solve_greedy"),
     "store-all": ("solvers.baselines", "solve_store_all"),
     "recompute-all": ("solvers.baselines", "solve_recompute_all"),

@@ -31,6 +31,8 @@ class SolverOptions:
     """Solver threads (the exact solvers are deterministic with a fixed thread count)."""
     verbose: bool = False
     """Show the back-end's own log."""
+    seed: int = 0
+    """Random seed of solvers that search randomly (CP-SAT); fixed for reproducible plans."""
     backend: str = "auto"
     """MILP back-end: 'cbc' (bundled with PuLP), 'highs' (if highspy is installed) or 'auto'."""
 

@@ -537,15 +537,15 @@ def _stages_of(data: _Data, model: _Model, schedule: Schedule) -> dict[tuple[int
     return chosen
 
 
-def _warm_start(data: _Data, model: _Model, schedule: Schedule) -> bool:
-    """Set every variable's initial value from a schedule (a MIP start for CBC).
+def _start_assignment(data: _Data, model, schedule: Schedule) -> tuple[dict, dict, dict] | None:
+    """R, S and FREE values that put a schedule into the model's stages (None if it does not map).
 
-    Returns False, setting nothing, when the schedule does not map onto the model's stages or
-    its literal form (with each stage's own group) does not fit the capacity.
+    ``model`` is any model with this module's ``R``, ``S``, ``FREE`` and ``slots`` tables (the
+    PuLP one here, the CP-SAT one in `solvers.cpsat`); memory is not checked here.
     """
     chosen = _stages_of(data, model, schedule)
     if chosen is None:
-        return False
+        return None
     r = {key: chosen.get(key, 0) for key in model.R}
     # S: minimal liveness, by a backward pass over the stages.
     s: dict[tuple[int, int], int] = {}
@@ -559,19 +559,32 @@ def _warm_start(data: _Data, model: _Model, schedule: Schedule) -> bool:
                 need |= set(data.inputs[g])
         for v in need:
             if (t, v) not in model.S:
-                return False
+                return None
             s[t, v] = 1
     if data.n_forward == 0:
         need = {v for v in need if data.producer[v] is not None}
     if need:
-        return False
-    # FREE and U: their definitions, evaluated.
+        return None
+    # FREE: its definition, evaluated.
     free: dict[tuple[int, int, int], int] = {}
     for (t, v, k), f in model.FREE.items():
         keep = _keep(data, model, t + 1, v)
         keep = keep if _is_const(keep) else s.get((t + 1, v), 0)
         later = any(r.get((t, j), 0) for j in data.readers[v] if j > k)
         free[t, v, k] = f if _is_const(f) else int(r[t, k] == 1 and not keep and not later)
+    return r, s, free
+
+
+def _warm_start(data: _Data, model: _Model, schedule: Schedule) -> bool:
+    """Set every variable's initial value from a schedule (a MIP start for CBC).
+
+    Returns False, setting nothing, when the schedule does not map onto the model's stages or
+    its literal form (with each stage's own group) does not fit the capacity.
+    """
+    assignment = _start_assignment(data, model, schedule)
+    if assignment is None:
+        return False
+    r, s, free = assignment
     u: dict[tuple[int, int], float] = {}
     sc = model.scale
     for t in range(data.n_groups):
