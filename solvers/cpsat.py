@@ -41,9 +41,7 @@ from typing import Union
 
 from optimizer.graph import RematGraph
 from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
 from solvers.base import (
-    InfeasibleBudgetError,
     SolveResult,
     SolverOptions,
     SolverUnavailableError,
@@ -51,15 +49,14 @@ from solvers.base import (
 )
 from solvers.milp import (
     MilpSolution,
-    _classics,
     _computed,
     _Data,
     _is_const,
     _keep,
-    _lower_bound_bytes,
     _prepare,
     _stage_sequences,
     _start_assignment,
+    solve_checkmate,
 )
 
 SOLVER_NAME = "checkmate-cpsat"
@@ -401,57 +398,5 @@ def solve_cpsat(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
     `InfeasibleBudgetError` with the smallest classic peak. ``objective`` is simulated.
     """
     _require_ortools()
-    start = time.perf_counter()
-    data = _prepare(graph)
-    classics = _classics(graph)
-    smallest = min(c.peak for c in classics)
-    fitting = sorted((c for c in classics if c.peak <= budget_bytes), key=lambda c: c.cost)
-
-    def result(status, schedule, cost, bound, message) -> SolveResult:
-        return SolveResult(solver=SOLVER_NAME, status=status, schedule=schedule, objective=cost,
-                           bound=bound, solve_time_s=time.perf_counter() - start, message=message)
-
-    store_all = classics[0]
-    if store_all.peak <= budget_bytes:
-        return result(SolveStatus.OPTIMAL, store_all.schedule, store_all.cost, store_all.cost,
-                      "store-all fits the budget: no recomputation needed")
-    if budget_bytes < _lower_bound_bytes(data):
-        raise InfeasibleBudgetError(budget_bytes, smallest,
-                                    " (below the boundary's or one op's unavoidable bytes)")
-
-    solution = solve_cpsat_model(graph, budget_bytes, options,
-                                 warm_start=fitting[0].schedule if fitting else None)
-    if solution.status is SolveStatus.INFEASIBLE:
-        if fitting:  # outside the Checkmate space, or lost to byte rounding
-            best = fitting[0]
-            return result(SolveStatus.HEURISTIC, best.schedule, best.cost, None,
-                          f"the Checkmate model (CP-SAT) has no schedule within the budget; "
-                          f"{best.name} fits and is returned")
-        raise InfeasibleBudgetError(budget_bytes, smallest, " (proven by CP-SAT)")
-    if solution.status is None:
-        limit = f"CP-SAT stopped after {options.time_limit_s} s without a schedule"
-        if fitting:
-            best = fitting[0]
-            return result(SolveStatus.HEURISTIC, best.schedule, best.cost, None,
-                          f"{limit}; returning {best.name}")
-        raise InfeasibleBudgetError(budget_bytes, smallest,
-                                    f" ({limit}; a smaller feasible budget may exist)")
-
-    schedule = Schedule.from_computes(graph, solution.forward, solution.backward)
-    sim = simulate(graph, schedule)
-    if sim.peak_bytes > budget_bytes:
-        raise AssertionError(
-            f"CP-SAT schedule peaks at {sim.peak_bytes} bytes > budget {budget_bytes} "
-            f"(step {sim.peak_step}, {sim.peak_phase.value}, node {sim.peak_node!r}; "
-            f"model cost {solution.model_cost}): formulation bug")
-    if solution.status is SolveStatus.OPTIMAL:
-        return result(SolveStatus.OPTIMAL, schedule, sim.total_cost, sim.total_cost,
-                      f"optimal (CP-SAT, model cost {solution.model_cost:g})")
-
-    cost, message = sim.total_cost, "CP-SAT stopped at the time limit with a schedule"
-    if fitting and fitting[0].cost < cost:
-        schedule, cost = fitting[0].schedule, fitting[0].cost
-        message += f"; {fitting[0].name} is cheaper and returned"
-    floor = store_all.cost  # every needed op runs at least once
-    bound = floor if solution.bound is None else max(floor, solution.bound)
-    return result(SolveStatus.FEASIBLE, schedule, cost, min(bound, cost), message)
+    return solve_checkmate(graph, budget_bytes, options, solver_name=SOLVER_NAME,
+                           solve_model=solve_cpsat_model)

@@ -778,6 +778,14 @@ def solve_milp(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
     Every returned schedule is simulated; a peak over budget raises AssertionError (that
     would be a formulation bug, never masked).
     """
+    return solve_checkmate(graph, budget_bytes, options, solver_name=SOLVER_NAME,
+                           solve_model=solve_milp_model)
+
+
+def solve_checkmate(graph: RematGraph, budget_bytes: int, options: SolverOptions, *,
+                    solver_name: str, solve_model) -> SolveResult:
+    """The contract of `solve_milp`, around any back-end that solves the Checkmate model
+    (``solve_model(graph, budget, options, warm_start=...) -> MilpSolution``)."""
     start = time.perf_counter()
     data = _prepare(graph)
     classics = _classics(graph)
@@ -785,7 +793,7 @@ def solve_milp(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
     fitting = sorted((c for c in classics if c.peak <= budget_bytes), key=lambda c: c.cost)
 
     def result(status, schedule, cost, bound, message) -> SolveResult:
-        return SolveResult(solver=SOLVER_NAME, status=status, schedule=schedule, objective=cost,
+        return SolveResult(solver=solver_name, status=status, schedule=schedule, objective=cost,
                            bound=bound, solve_time_s=time.perf_counter() - start, message=message)
 
     store_all = classics[0]
@@ -796,8 +804,8 @@ def solve_milp(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
         raise InfeasibleBudgetError(budget_bytes, smallest,
                                     " (below the boundary's or one op's unavoidable bytes)")
 
-    solution = solve_milp_model(graph, budget_bytes, options,
-                                warm_start=fitting[0].schedule if fitting else None)
+    solution = solve_model(graph, budget_bytes, options,
+                           warm_start=fitting[0].schedule if fitting else None)
     backend = solution.backend
     if solution.status is SolveStatus.INFEASIBLE:
         if fitting:  # outside the Checkmate space, or within the capacity margin
@@ -819,7 +827,7 @@ def solve_milp(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
     sim = simulate(graph, schedule)
     if sim.peak_bytes > budget_bytes:
         raise AssertionError(
-            f"MILP schedule peaks at {sim.peak_bytes} bytes > budget {budget_bytes} "
+            f"{solver_name} schedule peaks at {sim.peak_bytes} bytes > budget {budget_bytes} "
             f"(step {sim.peak_step}, {sim.peak_phase.value}, node {sim.peak_node!r}; "
             f"model cost {solution.model_cost}, {backend}): formulation bug")
     if solution.status is SolveStatus.OPTIMAL:
