@@ -74,7 +74,7 @@ def test_model_file_that_raises(tmp_path, capsys):
     assert "boom" in err and "line 1" in err
 
 
-UNTRACEABLE = textwrap.dedent('''
+MODEL_TEMPLATE = textwrap.dedent('''
     import torch
     from torch import nn
 
@@ -85,8 +85,7 @@ UNTRACEABLE = textwrap.dedent('''
 
         def forward(self, x):
             h = self.l(x)
-            if h.sum() > 0:
-                h = h * 2
+            {line_12}
             return h.sum()
 
     def get_model():
@@ -95,6 +94,8 @@ UNTRACEABLE = textwrap.dedent('''
     def get_inputs():
         return (torch.randn(3, 4),)
 ''')
+UNTRACEABLE = MODEL_TEMPLATE.format(line_12="h = h * 2 if h.sum() > 0 else h")
+DATA_DEPENDENT = MODEL_TEMPLATE.format(line_12="h = h[h > 0]")
 
 
 def test_untraceable_model_names_the_source_line(tmp_path):
@@ -103,7 +104,7 @@ def test_untraceable_model_names_the_source_line(tmp_path):
     result = run_cli(str(path), "--budget", "1MB")
     assert result.returncode == EXIT_TRACE
     line = one_line_error(result)
-    assert f'{path}", line 12' in line  # the `if h.sum() > 0:` line
+    assert f'{path}", line 12' in line  # the `if h.sum() > 0` line
 
 
 def test_unmeetable_budget_names_a_feasible_one():
@@ -154,31 +155,9 @@ def test_missing_solver_back_end_gives_an_install_hint(monkeypatch, capsys):
     assert len(err) == 1 and "pip install highspy" in err[0]
 
 
-NONZERO = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.l = nn.Linear(4, 4)
-
-        def forward(self, x):
-            h = self.l(x)
-            picked = h[h > 0]
-            return picked.sum()
-
-    def get_model():
-        return M()
-
-    def get_inputs():
-        return (torch.randn(3, 4),)
-''')
-
-
 def test_op_with_data_dependent_output_is_a_trace_error(tmp_path):
     path = tmp_path / "masked.py"
-    path.write_text(NONZERO)
+    path.write_text(DATA_DEPENDENT)
     result = run_cli(str(path), "--budget", "1MB")
     assert result.returncode == EXIT_TRACE
     line = one_line_error(result)
