@@ -78,6 +78,9 @@ cost (each needed op runs at least once); an optimal solve reports ``bound == ob
 from __future__ import annotations
 
 import importlib.util
+import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Union
@@ -607,10 +610,33 @@ def _warm_start(data: _Data, model: _Model, schedule: Schedule) -> bool:
 
 
 # =========================================================================== solve
+@contextlib.contextmanager
+def _stdout_silenced():
+    """Point file descriptor 1 at /dev/null (C++ libraries write there, not to sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface, plus a MIP start from the variables' initial values."""
 
     mip_start = False
+
+    def createAndConfigureSolver(self, lp):
+        # highspy prints a banner to the process's stdout when a model is created, whatever
+        # the options say: keep it off the user's terminal unless they asked for solver logs.
+        if self.msg:
+            return super().createAndConfigureSolver(lp)
+        with _stdout_silenced():
+            return super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp):
         if self.mip_start:
