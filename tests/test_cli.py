@@ -162,3 +162,19 @@ def test_op_with_data_dependent_output_is_a_trace_error(tmp_path):
     assert result.returncode == EXIT_TRACE
     line = one_line_error(result)
     assert f'{path}", line 12' in line
+
+
+def test_internal_errors_are_one_line_with_a_way_to_the_traceback(monkeypatch, capsys):
+    import optimizer.api
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something deep inside\nwith a second line")
+
+    monkeypatch.setattr(optimizer.api, "optimize", broken)
+    assert main([example_path("mlp"), "--budget", "1GB"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error (RuntimeError: something deep inside)" in err[0]
+    assert "REMAT_OPT_DEBUG=1" in err[0]
+    monkeypatch.setenv("REMAT_OPT_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="something deep inside"):
+        main([example_path("mlp"), "--budget", "1GB"])
