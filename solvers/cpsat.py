@@ -55,6 +55,8 @@ from solvers.milp import (
     _keep,
     _prepare,
     _stage_sequences,
+    _keep_slots,
+    _stage_slots,
     _start_assignment,
     solve_checkmate,
 )
@@ -151,24 +153,17 @@ def _add_le(m: _CpModel, lhs_terms, rhs_terms, lhs_const: int = 0, rhs_const: in
 
 
 def _create_variables(data: _Data, m: _CpModel) -> None:
-    T = data.n_groups
-    # R[t, g]: stage t computes its own group and may recompute earlier (not run-once) groups.
-    for t in range(T):
-        for g in range(t + 1):
-            if not data.needed[g]:
-                continue
-            if g == t:
-                m.R[t, g] = 1
-            elif not data.once[g] and t <= data.group_last_stage(g):
-                m.R[t, g] = m.model.new_bool_var(f"R_{t}_{g}")
-        m.slots[t] = [g for g in range(t + 1) if (t, g) in m.R]
+    m.slots.update((t, []) for t in range(data.n_groups))
+    # R[t, g]: stage t computes group g (fixed to 1 for its own group); same slots as the MILP.
+    for t, g in _stage_slots(data):
+        m.R[t, g] = 1 if g == t else m.model.new_bool_var(f"R_{t}_{g}")
+        m.slots[t].append(g)
     # S[t, v]: v is live when stage t starts; forward's user outputs are held through backward.
-    for v in range(len(data.values)):
-        for t in range(data.first_stage[v], min(data.last_stage[v], T - 1) + 1):
-            s = m.model.new_bool_var(f"S_{t}_{v}")
-            if v in data.held and t >= data.n_forward:
-                m.model.add(s == 1)
-            m.S[t, v] = s
+    for t, v, held in _keep_slots(data):
+        s = m.model.new_bool_var(f"S_{t}_{v}")
+        if held:
+            m.model.add(s == 1)
+        m.S[t, v] = s
     # U[t, g]: live byte units while group g runs in stage t.
     for t, slots in m.slots.items():
         for g in slots:

@@ -83,7 +83,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Iterator, Union
 
 import pulp
 
@@ -325,26 +325,33 @@ def _keep(data: _Data, model: _Model, t_next: int, v: int) -> Term:
     return model.S.get((t_next, v), 0)
 
 
-def _create_variables(data: _Data, model: _Model) -> None:
-    T = data.n_groups
-    # R[t, g]: stage t computes its own group; it may recompute earlier groups (not run-once
-    # ones) while a value of theirs can still be read.
-    for t in range(T):
+def _stage_slots(data: _Data) -> Iterator[tuple[int, int]]:
+    """(t, g): stage t computes its own group g == t, or may recompute an earlier group (not
+    a run-once one) while a value of it can still be read. Shared by every Checkmate back-end."""
+    for t in range(data.n_groups):
         for g in range(t + 1):
-            if not data.needed[g]:
-                continue
-            if g == t:
-                model.R[t, g] = 1
-            elif not data.once[g] and t <= data.group_last_stage(g):
-                model.R[t, g] = pulp.LpVariable(f"R_{t}_{g}", cat=pulp.LpBinary)
-        model.slots[t] = [g for g in range(t + 1) if (t, g) in model.R]
-    # S[t, v]: value v is live when stage t starts. A user output computed in forward is
-    # held by the caller from the boundary on: kept through backward, never recomputed there.
+            if data.needed[g] and (g == t or (not data.once[g] and t <= data.group_last_stage(g))):
+                yield t, g
+
+
+def _keep_slots(data: _Data) -> Iterator[tuple[int, int, bool]]:
+    """(t, v, held): value v may be live when stage t starts; ``held`` when it must be (a user
+    output computed in forward is held by the caller through backward, never recomputed)."""
     for v in range(len(data.values)):
-        for t in range(data.first_stage[v], min(data.last_stage[v], T - 1) + 1):
-            held = v in data.held and t >= data.n_forward
-            model.S[t, v] = pulp.LpVariable(f"S_{t}_{v}", lowBound=1 if held else 0, upBound=1,
-                                            cat=pulp.LpInteger)
+        for t in range(data.first_stage[v], min(data.last_stage[v], data.n_groups - 1) + 1):
+            yield t, v, v in data.held and t >= data.n_forward
+
+
+def _create_variables(data: _Data, model: _Model) -> None:
+    model.slots.update((t, []) for t in range(data.n_groups))
+    # R[t, g]: stage t computes group g (fixed to 1 for its own group).
+    for t, g in _stage_slots(data):
+        model.R[t, g] = 1 if g == t else pulp.LpVariable(f"R_{t}_{g}", cat=pulp.LpBinary)
+        model.slots[t].append(g)
+    # S[t, v]: value v is live when stage t starts.
+    for t, v, held in _keep_slots(data):
+        model.S[t, v] = pulp.LpVariable(f"S_{t}_{v}", lowBound=1 if held else 0, upBound=1,
+                                        cat=pulp.LpInteger)
     # U[t, g]: live bytes while group g runs in stage t.
     for t, slots in model.slots.items():
         for g in slots:
