@@ -40,18 +40,27 @@ def optimize(
     """
     from frontends.remat_module import RematModule
 
-    if not (isinstance(budget, str) and budget.strip().endswith("%")):
-        parse_bytes(budget)  # a malformed budget fails before the (slow) capture
-    if not isinstance(example_inputs, (tuple, list)):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
-    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
-    plan = plan_graph(
-        captured.graph, budget, solver,
-        SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend),
-        graph_nodes=len(captured.gm.graph.nodes), allocator=allocator,
-    )
+    example_inputs = _as_tuple(example_inputs)
+    options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend)
+    captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
+                                       options, cost_model, allocator)
     return RematModule(model, captured, plan, example_inputs, example_kwargs)
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
+                      solver: str, options: SolverOptions, cost_model: str,
+                      allocator: AllocatorModel | None):
+    """Capture the step and plan it; a malformed budget fails before the (slow) capture."""
+    if not (isinstance(budget, str) and budget.strip().endswith("%")):
+        parse_bytes(budget)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
+    plan = plan_graph(captured.graph, budget, solver, options,
+                      graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
+    return captured, plan
 
 
 def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None,
@@ -79,11 +88,13 @@ def plan_only(
     example_kwargs: dict | None = None,
     solver: str = "auto",
     time_limit: float = 60.0,
+    threads: int = 1,
+    verbose: bool = False,
     cost_model: str = "flops",
     allocator: AllocatorModel | None = None,
+    backend: str = "auto",
 ) -> Plan:
-    """The plan without building the module (what-if use)."""
-    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
-    return plan_graph(captured.graph, budget, solver,
-                      SolverOptions(time_limit_s=time_limit),
-                      graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
+    """The plan `optimize` would make, without building the module (what-if use)."""
+    options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend)
+    return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
+                             options, cost_model, allocator)[1]
