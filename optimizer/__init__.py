@@ -6,6 +6,9 @@ Public API (imported lazily so that ``optimizer.graph`` and the simulator stay t
     rm = optimize(model, example_inputs, budget="2GB", solver="milp", time_limit=60)
     loss = rm(*example_inputs); loss.backward()
     rm.plan  # what was decided and predicted
+
+    torch.compile(model, backend=remat_backend(budget="60%"))   # plans every compiled graph
+    plan_for_rank(graph, "40GB", DataParallelConfig(world_size=8, strategy="fsdp"))
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 __all__ = [
     "optimize", "plan_only", "Plan", "BudgetBreakdown", "parse_bytes", "format_bytes",
     "RematGraph", "Schedule", "simulate", "InfeasibleBudgetError", "SolverOptions",
-    "SolveStatus", "RematModule",
+    "SolveStatus", "RematModule", "remat_backend", "find_graph_breaks", "DataParallelConfig",
+    "plan_for_rank", "rank_breakdown",
 ]
 
 _EXPORTS = {
@@ -26,6 +30,9 @@ _EXPORTS = {
     "simulate": "optimizer.simulator",
     "InfeasibleBudgetError": "solvers.base", "SolverOptions": "solvers.base",
     "SolveStatus": "solvers.base", "RematModule": "frontends.remat_module",
+    "remat_backend": "frontends.compile_backend", "find_graph_breaks": "frontends.compile_backend",
+    "DataParallelConfig": "frontends.distributed_budget", "plan_for_rank": "frontends.distributed_budget",
+    "rank_breakdown": "frontends.distributed_budget",
 }
 
 

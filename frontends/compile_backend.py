@@ -1,0 +1,311 @@
+"""A torch.compile backend that plans every captured graph with remat-opt.
+
+``torch.compile(model, backend=remat_backend(budget="60%"))``: dynamo hands each graph to
+`RematBackend`, AOTAutograd traces its joint forward+backward graph, and our partition function
+(the ``partition_fn`` contract: joint graph in, forward and backward GraphModules out) turns it
+into a `RematGraph` (`frontends.capture.build_remat_graph`), plans it (`plan_graph`) and emits the
+plan's forward and backward (`frontends.rewrite.partition_by_schedule`). The graphs then go to
+Inductor, where our partitioner is Inductor's ``custom_partitioner_fn`` (so Inductor's joint-graph
+passes run first and we plan the graph it compiles), or to eager fx code (``compiler="eager"``).
+
+Graph breaks give several graphs per step; `frontends.graph_budget` says how the step's budget is
+shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
+second graph, the exact mode. Every plan made is kept in ``backend.plans``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from frontends.capture import CapturedStep, CaptureError, build_remat_graph
+from frontends.compiled_memory import CompiledStepMeter
+from frontends.costs import CostModel, cost_model_from_name
+from frontends.graph_budget import (
+    GraphFootprint,
+    StepBudgetSummary,
+    graph_budget,
+    summarize,
+)
+from frontends.remat_module import boxed
+from frontends.rewrite import RewriteError, partition_by_schedule
+from optimizer.allocator import AllocatorModel
+from optimizer.budget import parse_bytes, resolve_budget
+from optimizer.graph import NodeKind, RematGraph
+from optimizer.plan import Plan
+from optimizer.planner import plan_graph
+from solvers import SOLVERS
+from solvers.base import SolverOptions
+
+COMPILERS = ("auto", "inductor", "eager")
+
+
+class GraphBreakError(RuntimeError):
+    """``fullgraph=True`` and dynamo produced more than one graph for the step."""
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """The plan made for one graph the backend received, in the order received."""
+
+    index: int
+    compile_id: str
+    """Dynamo's compile id ('frame/recompile'): a recompile of a frame replaces its plan."""
+    budget_bytes: int | str
+    """What this graph was planned for (bytes after the split, or the percentage)."""
+    plan: Plan
+    footprint: GraphFootprint
+    graph: RematGraph = dataclasses.field(repr=False, compare=False)
+    forward_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
+    backward_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
+
+
+def inductor_available() -> bool:
+    """Inductor's CPU code needs a C++ compiler; CUDA code needs Triton."""
+    try:
+        from torch._inductor import compile_fx  # noqa: F401
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+        return True
+    except (ImportError, RuntimeError, OSError):  # no compiler, or an Inductor that cannot load
+        return False
+
+
+class RematBackend:
+    """The dynamo backend; see `remat_backend` for the arguments."""
+
+    def __init__(self, budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
+                 compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
+                 threads: int = 1, allocator: AllocatorModel | None = None,
+                 milp_backend: str = "auto"):
+        self.percent = isinstance(budget, str) and budget.strip().endswith("%")
+        if self.percent:
+            resolve_budget(budget, 1)  # a malformed budget fails here, not in the middle of a compile
+        self.budget = budget if self.percent else parse_bytes(budget)
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
+        if compiler not in COMPILERS:
+            raise ValueError(f"unknown compiler {compiler!r}: choose one of {', '.join(COMPILERS)}")
+        if cost_model.strip().lower() == "profile":
+            raise ValueError("cost_model='profile' needs the real model: use 'flops' or "
+                             "'roofline:<device>' with torch.compile")
+        cost_model_from_name(cost_model)
+        if compiler == "auto":
+            compiler = "inductor" if inductor_available() else "eager"
+        self.compiler = compiler
+        self.solver = solver
+        self.options = SolverOptions(time_limit_s=time_limit, threads=threads, backend=milp_backend)
+        self.cost_model_name = cost_model
+        self.fullgraph = fullgraph
+        self.allocator = allocator
+        self.plans: list[GraphPlan] = []
+        self.graphs_received = 0
+        self.meter = CompiledStepMeter()
+        """Measures the compiled forward/backward's live bytes (eager compiler; see the module)."""
+        self._frames: list[int] = []
+        self.__name__ = f"remat_backend_{compiler}"
+
+    # -------------------------------------------------------------- dynamo entry
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        self.graphs_received += 1
+        if self.compiler == "inductor":
+            from torch._functorch import config as functorch_config
+            from torch._inductor.compile_fx import compile_fx
+
+            # No cache: a cached graph would skip planning (no plan in `plans`, no budget split).
+            with functorch_config.patch(enable_autograd_cache=False):
+                return compile_fx(gm, example_inputs, config_patches={
+                    "custom_partitioner_fn": self.partitioner(), "fx_graph_cache": False})
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=self._eager("forward"), bw_compiler=self._eager("backward"),
+                            partition_fn=self.partition)(gm, example_inputs)
+
+    def _eager(self, role: str):
+        def compiler(gm: torch.fx.GraphModule, example_inputs) -> Any:
+            return self.meter.wrap(boxed(gm), role)
+        return compiler
+
+    # ---------------------------------------------------------------- partition
+    def partition(self, joint_module: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
+                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
+        """The ``partition_fn``: plan ``joint_module`` and split it as the plan says."""
+        cost_model = self._cost_model(joint_module)
+        try:
+            graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}")
+        except CaptureError as err:
+            raise CaptureError(f"{err} (with torch.compile: pass dynamic=False)") from None
+        if n_fwd != num_fwd_outputs:
+            raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
+                               f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
+        graph = _mark_parameters(graph, joint_module, static_lifetime_input_indices or [])
+        compile_id = self._note_frame()
+        frame = compile_id.split("/")[0]
+        self.plans = [p for p in self.plans if p.compile_id.split("/")[0] != frame]  # a recompile
+        budget = self.budget if self.percent else graph_budget(self.budget, [p.footprint for p in self.plans])
+        if not self.percent and budget <= 0:
+            raise ValueError(f"the graphs before this one already hold {self.budget - budget} bytes of a "
+                             f"{self.budget}-byte step budget: raise the budget or remove graph breaks")
+        plan = plan_graph(graph, budget, self.solver, self.options,
+                          graph_nodes=len(joint_module.graph.nodes), allocator=self.allocator)
+        captured = CapturedStep(joint=types.SimpleNamespace(graph_module=joint_module), graph=graph,
+                                value_of=value_of, num_fwd_outputs=n_fwd, param_names=(),
+                                buffer_names=(), cost_model=cost_model)
+        fw, bw = partition_by_schedule(captured, plan.schedule)(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        self.plans.append(GraphPlan(
+            index=len(self.plans), compile_id=compile_id,
+            budget_bytes=budget, plan=plan, graph=graph,
+            footprint=_footprint(graph, plan, joint_module, value_of, static_lifetime_input_indices or []),
+            forward_graph=fw, backward_graph=bw))
+        return fw, bw
+
+    def _note_frame(self) -> str:
+        """Dynamo's compile id ('frame/recompile') of the graph being planned; a new frame in
+        the same step is a graph break, which ``fullgraph=True`` refuses."""
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        frame = compile_id.frame_id if compile_id is not None else len(self._frames)
+        if frame not in self._frames:
+            self._frames.append(frame)
+        if self.fullgraph and len(self._frames) > 1:
+            raise GraphBreakError(
+                f"fullgraph=True but dynamo split the step into {len(self._frames)} graphs: find the "
+                "breaks with optimizer.find_graph_breaks(model, *inputs)")
+        return f"{frame}/{compile_id.frame_compile_id}" if compile_id is not None else f"{frame}/0"
+
+    def partitioner(self) -> RematPartitioner:
+        """This backend's planning as Inductor's partitioner, for the default backend:
+        ``torch._inductor.config.custom_partitioner_fn = backend.partitioner()``."""
+        return RematPartitioner(self)
+
+    def _cost_model(self, gm: torch.fx.GraphModule) -> CostModel:
+        dtypes = [n.meta["val"].dtype for n in gm.graph.find_nodes(op="placeholder")
+                  if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()]
+        dtype = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
+        return cost_model_from_name(self.cost_model_name, dtype=dtype)
+
+    # ------------------------------------------------------------------ reports
+    def summary(self) -> StepBudgetSummary:
+        """How the step's budget was shared by the graphs planned so far (see graph_budget)."""
+        return summarize(None if self.percent else self.budget,
+                         [p.budget_bytes for p in self.plans if isinstance(p.budget_bytes, int)],
+                         [p.footprint for p in self.plans])
+
+    @property
+    def graph_breaks(self) -> int:
+        """Distinct dynamo frames compiled, minus one (0: the step is one graph)."""
+        return max(0, len(self._frames) - 1)
+
+
+@dataclass(frozen=True)
+class GraphBreakReport:
+    """Where dynamo splits a step, found by dynamo's own ``explain`` (nothing is planned)."""
+
+    graphs: int
+    graph_breaks: int
+    reasons: tuple[str, ...]
+    """Each break's reason and the user line that caused it."""
+
+
+def find_graph_breaks(model: torch.nn.Module, *args: Any, **kwargs: Any) -> GraphBreakReport:
+    """Run ``torch._dynamo.explain`` on ``model(*args, **kwargs)`` and summarise the breaks."""
+    explained = torch._dynamo.explain(model)(*args, **kwargs)
+    reasons = []
+    for reason in explained.break_reasons:
+        frames = [f for f in reason.user_stack or [] if "site-packages" not in f.filename]
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        reasons.append(f"{str(reason.reason).strip().splitlines()[0]}{where}")
+    return GraphBreakReport(graphs=explained.graph_count, graph_breaks=explained.graph_break_count,
+                            reasons=tuple(reasons))
+
+
+def _mark_parameters(graph: RematGraph, gm: torch.fx.GraphModule, static: list[int]) -> RematGraph:
+    """Dynamo lifts parameters and buffers to plain inputs; AOTAutograd names them only by
+    index (``static_lifetime_input_indices``). Label them parameters, as capture() does, so
+    the breakdown and the distributed budget can tell parameters from user inputs."""
+    primals = [n.name for n in gm.graph.find_nodes(op="placeholder") if not n.name.startswith("tangents")]
+    names = {primals[i] for i in static if i < len(primals)}
+    if not names:
+        return graph
+    nodes = tuple(dataclasses.replace(n, kind=NodeKind.PARAMETER)
+                  if n.name in names and n.kind is NodeKind.INPUT else n for n in graph.nodes)
+    return RematGraph(nodes, graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
+                      graph.cost_model, graph.name)
+
+
+def _footprint(graph: RematGraph, plan: Plan, gm: torch.fx.GraphModule, value_of: dict[str, str],
+               static: list[int]) -> GraphFootprint:
+    """The graph's terms in the step's budget split. Only parameter gradients outlive the graph's
+    backward; the gradients of its inputs are the earlier graph's output gradients (counted there)."""
+    from torch._functorch._aot_autograd import descriptors as aot_desc
+
+    output = gm.graph.find_nodes(op="output")[0]
+    param_grads = {
+        value_of[out.name] for out, desc in zip(output.args[0], output.meta.get("desc") or [])
+        if isinstance(out, torch.fx.Node) and out.name in value_of
+        and isinstance(desc, aot_desc.GradAOTOutput)
+        and getattr(desc.grad_of, "idx", None) in set(static)
+    }
+    saved = sum(graph[name].bytes for name in plan.saved)
+    return GraphFootprint(peak_bytes=plan.predicted_peak_bytes, parameters_bytes=graph.parameter_bytes,
+                          saved_bytes=saved, gradients_bytes=sum(graph[v].bytes for v in param_grads),
+                          inputs_bytes=graph.input_bytes)
+
+
+def _partitioner_base():
+    try:
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+        return CustomPartitionerFn
+    except ImportError:  # older torch: Inductor takes no custom partitioner
+        return object
+
+
+class RematPartitioner(_partitioner_base()):
+    """Inductor's ``custom_partitioner_fn``: Inductor runs its joint-graph passes, then calls
+    this with the joint graph; the backend plans it and records the plan."""
+
+    def __init__(self, backend: RematBackend):
+        self.backend = backend
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        kwargs.pop("compiler", None)
+        return self.backend.partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self):
+        """Inductor's cache key for this partitioner: the planning code and every setting a plan
+        depends on, including what earlier graphs hold (the budget split)."""
+        import os
+
+        from torch._inductor.custom_graph_pass import get_hash_for_files
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.dirname(here)
+        files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py")]
+        files += [os.path.join(root, "optimizer", f) for f in ("planner.py", "simulator.py")]
+        b = self.backend
+        settings = (b.budget, b.solver, b.options, b.cost_model_name, b.allocator,
+                    tuple(p.footprint for p in b.plans))
+        return get_hash_for_files(tuple(files)).hex() + repr(settings)
+
+
+def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
+                  compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
+                  threads: int = 1, allocator: AllocatorModel | None = None,
+                  milp_backend: str = "auto") -> RematBackend:
+    """A backend for ``torch.compile(model, backend=remat_backend(budget="60%"))``.
+
+    ``budget``: bytes of the whole training step as in `optimizer.optimize` (parameters,
+    gradients, inputs, activations), or a percentage, which applies to each graph's own
+    plain-autograd peak. ``compiler``: ``inductor`` (the default when a C++ compiler is
+    present), ``eager`` (fx code; what `backend.meter` measures) or ``auto``. ``fullgraph``:
+    refuse graph breaks (the exact mode). ``backend.plans`` lists the plans made;
+    ``backend.summary()`` says how the budget was split across graph breaks.
+    """
+    return RematBackend(budget, solver=solver, time_limit=time_limit, compiler=compiler,
+                        cost_model=cost_model, fullgraph=fullgraph, threads=threads,
+                        allocator=allocator, milp_backend=milp_backend)
