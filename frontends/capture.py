@@ -27,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
+from frontends.fakify import fakify_meta, has_meta_tensors
 from optimizer.graph import Node, NodeKind, Phase, RematGraph
 
 
@@ -63,6 +64,11 @@ def capture(
     kwargs = dict(kwargs or {})
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
+    if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
+        try:
+            model, args, kwargs = fakify_meta(model, tuple(args), kwargs)
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
     with warnings.catch_warnings(), _quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:

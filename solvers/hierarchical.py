@@ -1,0 +1,208 @@
+"""``hierarchical``: near-optimal schedules with a proven gap on graphs far past the exact MILP.
+
+1. Reduce the graph losslessly (`optimizer.reduce`): same optimum, schedules map back.
+2. Prove a lower bound (`solvers.remat_bound`): an LP over the whole graph with O(values)
+   columns; it also says which values the relaxation keeps, and can prove a budget infeasible.
+3. Build schedules, each simulated, in this order:
+   - the cheap classic schedules (per-block checkpointing, chen-greedy), so that the answer is
+     never worse than them whatever the time limit;
+   - per repeated block (`solvers.block_plan`): each distinct block kind's keep/recompute
+     options are solved once, exactly, then a DP over the chain of blocks picks one per block;
+   - the bound LP rounded to a saved set, repaired to fit the budget, then re-saved greedily;
+   - chain-dp (when its O(stages^4) DP fits in the time left) and greedy (a capped share).
+4. Graphs of at most ``EXACT_MAX_GROUPS`` op groups also get the exact MILP in the time left:
+   exact where it can be, near-optimal with a proven gap where it cannot.
+5. Return the cheapest schedule within the budget, with the bound and gap; OPTIMAL when the
+   bound meets it. Never worse than the classic schedules it ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+from optimizer.graph import RematGraph
+from optimizer.reduce import reduce_graph
+from optimizer.schedule import Schedule
+from optimizer.simulator import SimulationResult, simulate
+from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from solvers.baselines import store_all_schedule
+from solvers.block_plan import block_schedules
+from solvers.remat_bound import lower_bound
+from solvers.saved_set import repair_saved_set
+
+CHAIN_DP_MAX_STAGES = 40
+"""chain-dp's table is O(stages^4) vector operations: past this it outlasts a minute."""
+CHAIN_DP_SECONDS_AT_28 = 20.0
+"""chain-dp's measured time on GPT-2-small's 28 stages (2 shared cores); scaled by stages^4 to
+skip it when it would overrun the time limit (its DP cannot be interrupted)."""
+FIRST_CLASSICS = ("blocks", "chen-greedy")
+LATE_CLASSICS = ("chain-dp", "greedy")
+BLOCK_SHARE = 0.3
+ROUNDING_SHARE = 0.15
+"""Shares of the time limit for the block plan and the LP rounding (their repair loops)."""
+EXACT_MAX_GROUPS = 80
+"""Graphs this small also get the exact Checkmate MILP (seeded by the classics) in the time left."""
+GREEDY_SHARE = 0.2
+"""greedy simulates a few candidates per dropped value: cap it at this share of the limit."""
+
+
+class _Progress:
+    """A rich progress line per phase when verbose, silent otherwise."""
+
+    def __init__(self, verbose: bool) -> None:
+        self._stack = contextlib.ExitStack()
+        self._bar = None
+        if verbose:
+            from rich.progress import (
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bar = self._stack.enter_context(Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=False))
+
+    @contextlib.contextmanager
+    def phase(self, text: str):
+        task = self._bar.add_task(text, total=1) if self._bar else None
+        try:
+            yield
+        finally:
+            if self._bar is not None:
+                self._bar.update(task, completed=1)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class _Best:
+    """The cheapest schedule within the budget seen so far (on the original graph)."""
+
+    def __init__(self, graph: RematGraph, budget: int, on_better=None) -> None:
+        self.graph, self.budget, self.on_better = graph, budget, on_better
+        self.schedule: Schedule | None = None
+        self.sim: SimulationResult | None = None
+        self.source = ""
+        self.tried: dict[str, float | None] = {}
+
+    def offer(self, name: str, schedule: Schedule | None) -> None:
+        if schedule is None:
+            self.tried.setdefault(name, None)
+            return
+        sim = simulate(self.graph, schedule)
+        fits = sim.peak_bytes <= self.budget
+        cost = sim.total_cost if fits else None
+        if cost is not None and (self.tried.get(name) is None or cost < self.tried[name]):
+            self.tried[name] = cost
+        else:
+            self.tried.setdefault(name, None)
+        if fits and (self.sim is None or sim.total_cost < self.sim.total_cost - 1e-15):
+            self.schedule, self.sim, self.source = schedule, sim, name
+            if self.on_better is not None:
+                self.on_better(sim.total_cost)
+
+
+def _run_classic(name: str, graph: RematGraph, budget_bytes: int, best: _Best, progress: _Progress,
+                 deadline: float, options: SolverOptions, share: float | None = None) -> None:
+    from solvers import get_solver
+
+    left = deadline - time.perf_counter()
+    if left < 0.5:
+        best.tried.setdefault(name, None)
+        return
+    limit = max(0.5, min(left, share) if share is not None else left)
+    with progress.phase(f"classic schedule: {name}"):
+        try:
+            answer = get_solver(name)(graph, budget_bytes, SolverOptions(
+                time_limit_s=limit, threads=options.threads, backend=options.backend))
+        except ValueError:  # a chain solver on a graph that is not a chain
+            answer = None
+        best.offer(name, answer.schedule if answer is not None else None)
+
+
+def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
+    from solvers import get_solver
+    from solvers.linearize import linearize
+
+    start = time.perf_counter()
+    deadline = start + options.time_limit_s
+    store_all = store_all_schedule(graph)
+    store_sim = simulate(graph, store_all)
+
+    def report(objective, bound, final=False) -> None:
+        send = getattr(options, "report", None)  # SolverOptions.progress, where it exists
+        if send is not None:
+            send(start, objective, bound, final=final)
+
+    def result(status, schedule, objective, bound, message) -> SolveResult:
+        report(objective, bound, final=True)
+        return SolveResult("hierarchical", status, schedule, objective, bound,
+                           time.perf_counter() - start, message)
+
+    if store_sim.peak_bytes <= budget_bytes:
+        return result(SolveStatus.OPTIMAL, store_all, store_sim.total_cost, store_sim.total_cost,
+                      "store-all fits the budget: no recomputation needed")
+    progress = _Progress(options.verbose)
+    try:
+        with progress.phase("reducing the graph"):
+            reduction = reduce_graph(graph)
+        small = reduction.graph
+        with progress.phase(f"lower bound (LP over {len(small.ops)} values)"):
+            bound = lower_bound(small, budget_bytes, time_limit_s=max(1.0, 0.25 * options.time_limit_s))
+        if bound.proven_infeasible:
+            return result(SolveStatus.INFEASIBLE, None, None, math.inf,
+                          f"no schedule fits {budget_bytes} bytes: {bound.message}")
+        report(None, bound.bound)
+        best = _Best(graph, budget_bytes, on_better=lambda cost: report(cost, min(bound.bound, cost)))
+        limit = options.time_limit_s
+        for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
+            _run_classic(name, graph, budget_bytes, best, progress, deadline, options)
+        with progress.phase("repeated blocks: options per block kind, DP over the chain"):
+            plans, block_note = block_schedules(
+                small, budget_bytes, min(deadline, time.perf_counter() + BLOCK_SHARE * limit))
+            for name, schedule in plans:
+                best.offer(name, reduction.expand(schedule))
+        with progress.phase("rounding the bound's LP to a saved set"):
+            keep = dict(bound.keep_fraction)
+            stop = min(deadline, time.perf_counter() + ROUNDING_SHARE * limit)
+            for threshold in (0.999, 0.5, 0.001):
+                if time.perf_counter() > stop:
+                    break
+                saved = frozenset(v for v, f in keep.items() if f >= threshold)
+                schedule = repair_saved_set(small, saved, budget_bytes, stop, order=keep)
+                best.offer("lp-rounding", None if schedule is None else reduction.expand(schedule))
+        stages = len(linearize(graph).stages)
+        for name in LATE_CLASSICS:
+            left = deadline - time.perf_counter()
+            if name == "chain-dp" and (stages > CHAIN_DP_MAX_STAGES
+                                       or CHAIN_DP_SECONDS_AT_28 * (stages / 28) ** 4 > left):
+                best.tried.setdefault(name, None)
+                continue
+            _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
+                         share=GREEDY_SHARE * limit if name == "greedy" else None)
+        left = deadline - time.perf_counter()
+        exact_bound = None
+        if len(graph.groups) <= EXACT_MAX_GROUPS and left >= 1.0:
+            with progress.phase(f"exact MILP ({len(graph.groups)} op groups)"):
+                try:
+                    exact = get_solver("milp")(graph, budget_bytes, SolverOptions(
+                        time_limit_s=left, threads=options.threads, backend=options.backend))
+                    best.offer("milp", exact.schedule)
+                    exact_bound = exact.bound
+                except InfeasibleBudgetError:
+                    best.tried.setdefault("milp", None)
+    finally:
+        progress.close()
+    tried = ", ".join(f"{k} {'-' if v is None else f'{v:.6g}'}" for k, v in best.tried.items())
+    counts = reduction.counts.describe() if reduction.counts else ""
+    if best.schedule is None:
+        return result(SolveStatus.INFEASIBLE, None, None, bound.bound,
+                      f"no schedule found within {budget_bytes} bytes (tried {tried}); {block_note}")
+    objective = best.sim.total_cost
+    proven = min(max(bound.bound, exact_bound or 0.0), objective)
+    status = SolveStatus.OPTIMAL if objective <= proven * (1 + 1e-9) else SolveStatus.FEASIBLE
+    return result(status, best.schedule, objective, proven,
+                  f"best: {best.source}; {block_note}; reduced: {counts}; tried: {tried}")

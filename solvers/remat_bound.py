@@ -1,0 +1,222 @@
+"""A proven lower bound on the least compute of any schedule within a memory budget.
+
+An LP relaxation that is small (O(values) columns, one memory row per backward op) and holds
+for every schedule whose backward ops first run in the graph's order (the Checkmate family the
+exact solvers search, and every schedule the classic solvers build). With B0 the instant the
+output gradients arrive, for forward values v and forward op groups g:
+
+- ``live[v]`` in [0, 1]: v is live at B0 (1 for forward outputs, which must be);
+- ``again[g]`` in [0, 1]: g runs (at least once) in backward; 0 for run-once ops;
+- ``held[v] >= live[v] - again[g(v)]`` and ``held[v] >= 1 - again[g(v)]``: a value backward
+  reads that is never computed in backward is live from B0 until backward's last read of it.
+
+Rules every schedule obeys, hence constraints:
+1. backward reads v: v is live at B0 or computed in backward (``again >= 1 - live``), and
+   if it is not computed in backward it is held (rule 1');
+2. g runs in backward at time t: each op input u of g is live at t, so u was live at B0 or
+   was computed in backward before t (``again[g(u)] >= again[g] - live[u]``);
+3. at B0: resident bytes + tangents + the forward values live there fit the budget;
+4. while backward op j runs: resident bytes, user outputs, tangents still to be read, j's
+   inputs and outputs and temporaries, the forward values held past j (``held``) and the
+   backward values made before j and read after it (live, or recomputed at their group's
+   cost: ``1 - redo``) fit the budget;
+5. snapshots (B0 and a few dozen backward ops, the busiest among them): at instant j, each
+   forward value backward reads after j is live at j or computed after j, and a value computed
+   after j needs each op input live at j or itself computed after j (followed ``_DEPTH`` ops
+   back; older sources count as free, which only loosens). What is live at j fits the budget.
+   This charges a recomputed value's sources while they wait, which rules 2-4 do not.
+Cost: every op of the (pruned) graph runs at least once, plus ``again[g] * cost[g]`` for each
+group forward must run (ancestors of forward outputs and run-once ops), plus ``redo``. Rule 2
+is what makes the bound useful on transformers: dropping a softmax output costs the whole
+recompute chain back to a value that is kept, not just the softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from optimizer.graph import Phase, RematGraph, prune_dead
+from solvers.highs_lp import LinearProgram, LpStatus
+
+
+@dataclass(frozen=True)
+class BoundResult:
+    bound: float
+    """Lower bound on the total cost of any schedule within the budget (inf: none fits)."""
+    base_cost: float
+    """Cost of running every needed op once: the bound without the LP."""
+    unavoidable_peak: int
+    """Bytes live in every schedule at the tightest backward op, whatever is kept."""
+    proven_infeasible: bool
+    message: str = ""
+    keep_fraction: tuple[tuple[str, float], ...] = ()
+    """The LP's ``held`` (values backward reads) or ``live`` (others) per forward value: how
+    much the relaxation wants it kept for backward, a guide for rounding to a schedule."""
+
+
+def _forward_needed(graph: RematGraph) -> set[str]:
+    """Forward groups every schedule runs in forward: ancestors of forward outputs and run-once
+    ops (and those ops)."""
+    stack = [n for n in (*graph.forward_outputs, *(o.name for o in graph.ops if o.compute_once
+                                                    and o.phase is Phase.FORWARD)) if graph[n].is_op]
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        node = graph[name]
+        if node.group in seen or not node.is_op or node.phase is not Phase.FORWARD:
+            continue
+        seen.add(node.group)
+        stack.extend(i for i in node.inputs if graph[i].is_op)
+    return seen
+
+
+def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0,
+                snapshots: int = 32) -> BoundResult:
+    """The LP bound of the module docstring (see there for why each constraint is valid)."""
+    graph = prune_dead(graph)
+    base = float(sum(n.cost for n in graph.ops))
+    group_cost = {g: sum(graph[m].cost for m in ms) for g, ms in graph.groups.items()}
+    resident = graph.resident_bytes
+    users = set(graph.user_outputs)
+    fwd_needed = _forward_needed(graph)
+    forward = [n for n in graph.ops if n.phase is Phase.FORWARD]
+    backward_groups = [ms for ms in graph.groups.values() if graph[ms[0]].phase is Phase.BACKWARD]
+    last_read: dict[str, int] = {}
+    for j, ms in enumerate(backward_groups):
+        for inp in graph[ms[0]].inputs:
+            last_read[inp] = j
+    end = len(backward_groups)
+    for name in graph.backward_outputs:
+        last_read[name] = end  # must be live when backward ends
+
+    lp = LinearProgram()
+    live = {v.name: lp.add_var(0.0, 1.0 if v.name in graph.forward_outputs else 0.0, 1.0)
+            for v in forward}
+    again: dict[str, int] = {}
+    for ms in graph.groups.values():
+        first = graph[ms[0]]
+        if first.phase is Phase.FORWARD:
+            cost = group_cost[first.group] if first.group in fwd_needed else 0.0
+            again[first.group] = lp.add_var(cost, 0.0, 0.0 if first.compute_once else 1.0)
+    held = {}
+    for v in forward:
+        if v.name in last_read and v.name not in users:
+            held[v.name] = lp.add_var(0.0, 0.0, 1.0)
+            lp.add_row({held[v.name]: 1.0, live[v.name]: -1.0, again[v.group]: 1.0}, lower=0.0)
+            lp.add_row({held[v.name]: 1.0, again[v.group]: 1.0}, lower=1.0)  # rule 1'
+            lp.add_row({again[v.group]: 1.0, live[v.name]: 1.0}, lower=1.0)  # rule 1
+    for g, ms in graph.groups.items():  # rule 2
+        first = graph[ms[0]]
+        if first.phase is not Phase.FORWARD or first.compute_once:
+            continue
+        for u in dict.fromkeys(first.inputs):
+            node = graph[u]
+            if node.is_op and node.phase is Phase.FORWARD and u not in users:
+                lp.add_row({again[node.group]: 1.0, again[g]: -1.0, live[u]: 1.0}, lower=0.0)
+    tangent_bytes = sum(graph[t].bytes for t in graph.tangents)  # all arrive at B0
+    lp.add_row({live[v.name]: float(v.bytes) for v in forward}, upper=budget_bytes - resident - tangent_bytes)
+
+    redo: dict[str, int] = {}
+    made_at = {}
+    for j, ms in enumerate(backward_groups):
+        for m in ms:
+            made_at[m] = j
+    user_bytes = sum(graph[u].bytes for u in users if graph[u].is_op)
+    fixed_at: list[int] = []
+    redo_terms: list[dict[int, float]] = []
+    for j, ms in enumerate(backward_groups):
+        first = graph[ms[0]]
+        reads = set(first.inputs)
+        fixed = resident + user_bytes
+        fixed += sum(graph[t].bytes for t in graph.tangents if last_read.get(t, -1) >= j)
+        fixed += sum(graph[m].bytes for m in ms) + first.temp_bytes
+        fixed += sum(graph[i].bytes for i in reads if graph[i].is_op and i not in users)
+        row: dict[int, float] = {}
+        for b, made in made_at.items():
+            if made < j and last_read.get(b, -1) > j and b not in reads:
+                group = graph[b].group
+                if group not in redo:
+                    redo[group] = lp.add_var(group_cost[group], 0.0, 1.0)
+                fixed += graph[b].bytes
+                row[redo[group]] = row.get(redo[group], 0.0) - float(graph[b].bytes)
+        fixed_at.append(fixed)
+        redo_terms.append(dict(row))
+        for v, k in held.items():
+            if v not in reads and last_read[v] > j:
+                row[k] = float(graph[v].bytes)
+        lp.add_row(row, upper=budget_bytes - fixed)
+    worst = max(fixed_at, default=0)
+    for j in _snapshot_points(fixed_at, snapshots):
+        _add_snapshot(lp, graph, j, backward_groups, last_read, again, held, users,
+                      budget_bytes, fixed_at, redo_terms, resident + tangent_bytes)
+    if worst > budget_bytes:
+        return BoundResult(math.inf, base, worst, True,
+                           f"at least {worst} bytes are live in every schedule")
+    solution = lp.solve(time_limit_s)
+    if solution.status is LpStatus.INFEASIBLE:
+        return BoundResult(math.inf, base, worst, True, "the bound's LP is infeasible")
+    if solution.status is not LpStatus.OPTIMAL or solution.objective is None:
+        return BoundResult(base, base, worst, False, f"bound LP: {solution.status.value}; base cost only")
+    extra = max(0.0, solution.objective) * (1 - 1e-9)
+    values = solution.values
+    fractions = tuple((v, float(values[held[v]] if v in held else values[k])) for v, k in live.items())
+    return BoundResult(base + extra, base, worst, False, "LP bound", fractions)
+
+
+_DEPTH = 4
+"""Snapshot systems follow recomputation this many ops back; older sources count as free."""
+
+
+def _snapshot_points(fixed_at: list[int], count: int) -> list[int]:
+    """B0 (-1), the backward ops with the most unavoidable bytes, and evenly spaced others."""
+    if count <= 0 or not fixed_at:
+        return []
+    busiest = sorted(range(len(fixed_at)), key=lambda j: -fixed_at[j])[: count // 4]
+    spaced = [round(i * (len(fixed_at) - 1) / max(1, count - len(busiest) - 2))
+              for i in range(count - len(busiest) - 1)]
+    return sorted({-1, *busiest, *spaced})
+
+
+def _add_snapshot(lp: LinearProgram, graph: RematGraph, j: int, backward_groups, last_read,
+                  again: dict[str, int], held: dict[str, int], users: set[str],
+                  budget_bytes: int, fixed_at: list[int], redo_terms, b0_fixed: int) -> None:
+    """Rule 5 of the module docstring at instant j (-1: B0). ``live_j`` costs bytes at j;
+    ``later_j`` (computed after j) implies ``again``."""
+    if j < 0:
+        reads = set(graph.forward_outputs)
+        fixed, row = b0_fixed + sum(graph[v].bytes for v in reads if graph[v].is_op), {}
+    else:
+        reads = set(graph[backward_groups[j][0]].inputs)
+        fixed, row = fixed_at[j], dict(redo_terms[j])
+    needed = [v for v, last in last_read.items() if last > j and v not in reads and v not in users
+              and graph[v].is_op and graph[v].phase is Phase.FORWARD]
+    live_j: dict[str, int] = {}
+    later_j: dict[str, int] = {}
+    frontier = list(needed)
+    for depth in range(_DEPTH + 1):
+        next_frontier = []
+        for v in frontier:
+            if v in live_j:
+                continue
+            node = graph[v]
+            live_j[v] = lp.add_var(0.0, 0.0, 1.0)
+            later_j[v] = lp.add_var(0.0, 0.0, 0.0 if node.compute_once else 1.0)
+            row[live_j[v]] = float(node.bytes)
+            if not node.compute_once:
+                lp.add_row({again[node.group]: 1.0, later_j[v]: -1.0}, lower=0.0)
+            if depth < _DEPTH:
+                next_frontier.extend(
+                    u for u in dict.fromkeys(node.inputs)
+                    if graph[u].is_op and graph[u].phase is Phase.FORWARD
+                    and u not in reads and u not in users)
+        frontier = next_frontier
+    for v in needed:
+        lp.add_row({live_j[v]: 1.0, later_j[v]: 1.0}, lower=1.0)
+        if v in held:
+            lp.add_row({live_j[v]: 1.0, held[v]: -1.0}, lower=0.0)
+    for v in live_j:
+        for u in dict.fromkeys(graph[v].inputs):
+            if u in live_j:
+                lp.add_row({live_j[u]: 1.0, later_j[u]: 1.0, later_j[v]: -1.0}, lower=0.0)
+    lp.add_row(row, upper=budget_bytes - fixed)
