@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 import os
 
 import torch
@@ -22,6 +23,7 @@ def load_example(name: str, dtype: torch.dtype = torch.float64, **model_kwargs):
     """An example's model and inputs in ``dtype`` (integer inputs stay integer)."""
     spec = importlib.util.spec_from_file_location(f"_example_{name}", example_path(name))
     example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # dataclasses in the file look their module up here
     spec.loader.exec_module(example)
     model, inputs = example.get_model(**model_kwargs), tuple(example.get_inputs())
     model = model.to(dtype)
