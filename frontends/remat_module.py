@@ -51,6 +51,12 @@ class RematModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, captured: CapturedStep, plan: Plan,
                  example_args: tuple, example_kwargs: dict | None = None):
         super().__init__()
+        if getattr(captured.joint, "_remat_opt_compiled", False):
+            # torch's compile step consumes the joint graph's tracing state: a second use fails
+            # deep inside AOTAutograd, so say what to do instead.
+            raise ValueError("this capture was already rewritten into a module: capture the model "
+                             "again (optimize() does) to build another one")
+        captured.joint._remat_opt_compiled = True
         self.model = model
         self.plan = plan
         self._param_names = captured.param_names

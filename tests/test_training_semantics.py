@@ -155,3 +155,16 @@ def test_changed_input_shape_is_a_clear_error():
         rm(inputs[0][:5], inputs[1][:5])
     with pytest.raises(InputMismatchError, match="call optimize"):
         rm(inputs[0].float(), inputs[1].float())
+
+
+def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
+    from frontends.remat_module import RematModule
+    from optimizer.api import capture_with_costs
+    from optimizer.planner import plan_graph
+
+    model, inputs = load_example("mlp")
+    captured = capture_with_costs(model, inputs, None)
+    plan = plan_graph(captured.graph, "100%", "store-all")
+    RematModule(model, captured, plan, inputs)
+    with pytest.raises(ValueError, match="capture the model again"):
+        RematModule(model, captured, plan, inputs)
