@@ -3,6 +3,10 @@
 ``remat-opt verify MODEL.py --budget B`` runs the plan and plain autograd in float64 and
 compares gradients and peak memory.
 
+``remat-opt MODEL.py --sweep 20%:100%:10 [--max-batch --budget B] [--report r.html]`` answers
+what-if questions offline (`optimizer.whatif`): every strategy at every budget, the largest batch
+that fits, the memory timeline; nothing is run or allocated.
+
 Exit codes (documented in the README):
   0 planned (verify: passed); 2 bad command line or budget; 3 model file unusable; 4 model cannot
   be traced; 5 budget below the smallest feasible one; 6 solver back-end not installed;
@@ -15,11 +19,14 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 from typing import Sequence
 
 from optimizer.budget import BudgetError, format_bytes, parse_bytes, resolve_budget
+from optimizer.max_batch import DEFAULT_LIMIT, DTYPES
 from optimizer.plan import Plan
+from optimizer.sweep import ALL_STRATEGIES
 
 EXIT_USAGE, EXIT_MODEL_FILE, EXIT_TRACE, EXIT_INFEASIBLE, EXIT_SOLVER, EXIT_OUTPUT = 2, 3, 4, 5, 6, 7
 EXIT_VERIFY_FAILED = 8
@@ -74,6 +81,30 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--save-graphs", metavar="DIR",
                         help="write the generated forward.py and backward.py into DIR")
     parser.add_argument("--verbose", action="store_true", help="show the solver's own log")
+    parser.add_argument("--dtype", choices=sorted(DTYPES),
+                        help="cast floating parameters and inputs to this dtype before planning "
+                             "(what-if reports cast on the meta device: no memory, no hardware)")
+    whatif = parser.add_argument_group(
+        "what-if reports (planned offline on the meta device; nothing is run or allocated)")
+    whatif.add_argument("--sweep", metavar="SPEC",
+                        help="plan every strategy at each budget: START:STOP:STEP (20%%:100%%:10, "
+                             "1GB:4GB:512MB) or a comma list (50%%,70%%,2GB)")
+    whatif.add_argument("--max-batch", action="store_true",
+                        help="find, per strategy, the largest batch whose plan fits --budget")
+    whatif.add_argument("--batch-dim", type=int, metavar="N",
+                        help="the inputs' batch dimension (default 0; every tensor input whose "
+                             "dimension N equals the first one's is resized)")
+    whatif.add_argument("--batch-limit", type=int, default=DEFAULT_LIMIT, metavar="N",
+                        help=f"largest batch --max-batch tries (default {DEFAULT_LIMIT})")
+    whatif.add_argument("--strategies", metavar="LIST",
+                        help="comma list of strategies to compare (default: all): "
+                             + ", ".join(ALL_STRATEGIES))
+    whatif.add_argument("--torch-budgets", metavar="LIST", default="0:1:0.1",
+                        help="activation_memory_budget values for torch-min-cut: START:STOP:STEP "
+                             "or a comma list in [0, 1] (default 0:1:0.1)")
+    whatif.add_argument("--report", metavar="FILE",
+                        help="write a self-contained report with the plots: FILE.html or FILE.md")
+    whatif.add_argument("--plots", metavar="DIR", help="write the plots as PNG files into DIR")
     return parser
 
 
@@ -86,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report, passed = run_verify(args)
             print(report)
             return 0 if passed else EXIT_VERIFY_FAILED
-        report = run(args)
+        report = run_whatif(args) if is_whatif(args) else run(args)
     except CliError as err:
         print(f"remat-opt: error: {err}", file=sys.stderr)
         return err.code
@@ -155,7 +186,7 @@ def run(args: argparse.Namespace) -> str:
     if args.save_graphs:
         for name in ("forward.py", "backward.py"):
             _check_writable(os.path.join(args.save_graphs, name))
-    model, inputs = _load(args)
+    model, inputs = _cast(*_load(args), args.dtype)
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
@@ -180,6 +211,98 @@ def run(args: argparse.Namespace) -> str:
                    f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
                    f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
     return report
+
+
+def _cast(model, inputs: tuple, dtype: str | None):
+    """The model and its floating inputs in ``dtype`` (``--dtype``), or as they are."""
+    if dtype is None:
+        return model, inputs
+    import torch
+    from torch.utils._pytree import tree_map
+
+    target = getattr(torch, DTYPES[dtype])
+    cast = lambda t: t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    return model.to(target), tuple(tree_map(cast, tuple(inputs)))
+
+
+WHATIF_ONLY = ("sweep", "max_batch", "report", "plots")
+
+
+def is_whatif(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in WHATIF_ONLY)
+
+
+def run_whatif(args: argparse.Namespace) -> str:
+    """Plan offline (meta device): sweep, largest batch, timeline; write the report and plots."""
+    from optimizer.max_batch import WhatIfError
+    from optimizer.sweep import count_solves, parse_sweep
+    from optimizer.whatif import WhatIfRequest, parse_fractions, parse_strategies, what_if
+    from solvers.base import SolverOptions
+
+    if args.measure or args.save_graphs:
+        raise CliError("--measure and --save-graphs run one plan: leave out --sweep, --max-batch, "
+                       "--report and --plots", EXIT_USAGE)
+    if args.max_batch and args.budget is None and args.device is None:
+        raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
+    budget, cost_model, allocator = _device_settings(args)
+    if cost_model.strip().lower() == "profile":
+        raise CliError("what-if reports plan on the meta device, where nothing runs: use --cost-model "
+                       "flops or roofline:<device>", EXIT_USAGE)
+    try:
+        sweep = parse_sweep(args.sweep) if args.sweep else ()
+    except BudgetError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    try:
+        strategies = parse_strategies(args.strategies)
+        fractions = parse_fractions(args.torch_budgets)
+    except WhatIfError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    if args.report and not args.report.lower().endswith((".html", ".htm", ".md")):
+        raise CliError(f"--report {args.report}: the name must end in .html or .md", EXIT_USAGE)
+    if args.batch_limit < 1:
+        raise CliError("--batch-limit must be at least 1", EXIT_USAGE)
+    for path in (args.json, args.report):
+        if path:
+            _check_writable(path)
+    if args.plots:
+        for name in ("pareto.png", "timeline.png", "max_batch.png"):
+            _check_writable(os.path.join(args.plots, name))
+    model, inputs = _load(args)
+    request = WhatIfRequest(
+        model_name=args.model, budget=budget, sweep=sweep, max_batch=args.max_batch,
+        strategies=strategies, solver=args.solver,
+        options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose, backend=args.backend),
+        cost_model=cost_model, allocator=allocator, device=args.device, dtype=args.dtype,
+        batch_dim=args.batch_dim, batch_limit=args.batch_limit, torch_fractions=fractions,
+        plots=bool(args.report or args.plots),
+    )
+    total = None if args.max_batch else 2 + count_solves(strategies, len(sweep))
+    with _planning_errors(budget), _progress_bar(total) as tick:
+        try:
+            report = what_if(model, inputs, request, progress=tick)
+        except WhatIfError as err:  # a batch dimension or budget the search cannot use
+            raise CliError(str(err), EXIT_USAGE) from None
+    from optimizer.report import render_terminal, write_files
+
+    write_files(report, json_path=args.json, report_path=args.report, plots_dir=args.plots)
+
+    return render_terminal(report, width=max(100, shutil.get_terminal_size((120, 40)).columns),
+                           color=sys.stdout.isatty()).rstrip("\n")
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int | None):
+    """A rich progress line on stderr while solving (only when stderr is a terminal); ``total``
+    None: the number of solves is not known in advance (the largest-batch search)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed} solves"), TimeElapsedColumn(), console=console,
+                  transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("capturing", total=total)
+        yield lambda what: progress.update(task, advance=1, description=what)
 
 
 def _device_settings(args: argparse.Namespace):
@@ -236,7 +359,7 @@ def _check_writable(path: str) -> None:
         return
     with open(path, errors="replace") as fh:
         head = fh.read(4096)
-    if GENERATED_MARK in head or '"generated_by": "remat-opt"' in head:
+    if "generated by remat-opt" in head or '"generated_by": "remat-opt"' in head:  # code, reports, PNGs
         return
     raise CliError(f"{path} exists and was not written by remat-opt: choose another path or remove it",
                    EXIT_OUTPUT)

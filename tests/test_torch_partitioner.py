@@ -1,0 +1,98 @@
+"""PyTorch's min-cut partitioner as a strategy: its choices become schedules our simulator checks."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from e2e_helpers import example_path, load_example
+from frontends.torch_partitioner import partition_schedule, partition_schedules
+from optimizer.graph import Phase
+from optimizer.max_batch import MetaCapturer
+from optimizer.simulator import simulate
+from solvers.baselines import store_all_schedule
+from test_sweep import small_mlp
+
+
+def example_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"_tp_{name}", example_path(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mlp_step():
+    return MetaCapturer(*small_mlp()).at()
+
+
+def test_budget_one_is_plain_autograd_and_lower_budgets_recompute(mlp_step):
+    graph = mlp_step.graph
+    store_all = simulate(graph, store_all_schedule(graph))
+    full, half = partition_schedules(mlp_step, (1.0, 0.5))
+    full_sim, half_sim = simulate(graph, full.schedule), simulate(graph, half.schedule)
+    assert full.recomputed_ops == 0 and full_sim.extra_cost == 0
+    assert full_sim.peak_bytes == store_all.peak_bytes
+    assert half.recomputed_ops > 0 and half_sim.extra_cost > 0
+    assert half_sim.peak_bytes < store_all.peak_bytes
+    assert half.label == "amb=0.5" and not half.message
+
+
+def test_schedule_saves_what_torch_saves_and_recomputes_what_it_recomputes(mlp_step):
+    graph = mlp_step.graph
+    part = partition_schedule(mlp_step, 0.5)
+    sim = simulate(graph, part.schedule)
+    assert set(sim.saved) == set(part.saved)
+    forward = set(part.schedule.computes("forward"))
+    again = [n for n in part.schedule.computes("backward") if n in forward]
+    assert len({graph[n].group for n in again}) == part.recomputed_ops > 0
+    assert simulate(graph, part.schedule).extra_cost == pytest.approx(
+        sum(graph[graph.groups[g][0]].cost for g in {graph[n].group for n in again}))
+    assert all(graph[n].phase is Phase.FORWARD for n in part.schedule.computes("forward"))
+
+
+def test_partitioner_does_not_change_the_captured_graph(mlp_step):
+    before = [n.format_node() for n in mlp_step.gm.graph.nodes]
+    partition_schedule(mlp_step, 0.3)
+    assert [n.format_node() for n in mlp_step.gm.graph.nodes] == before
+
+
+def test_random_ops_torch_would_replay_are_kept_from_forward():
+    gpt = example_module("gpt")
+    step = MetaCapturer(gpt.GPT(n_layers=1, dropout=0.1), gpt.get_inputs()).at()
+    part = partition_schedule(step, 0.0)  # saves only inputs: torch replays dropout in backward
+    assert part.schedule is not None, part.message
+    assert part.run_once_kept and all(step.graph[n].random for n in part.run_once_kept)
+    assert "kept from forward" in part.message
+    counts = part.schedule.compute_counts()
+    assert all(counts[name] == 1 for name in part.run_once_kept)
+    simulate(step.graph, part.schedule)
+
+
+def test_torch_failure_is_a_reported_result_not_an_error(mlp_step, monkeypatch):
+    import frontends.torch_partitioner as tp
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Cannot save running_mean: mutated in forward\nmore detail")
+
+    monkeypatch.setattr(tp, "min_cut_rematerialization_partition", broken)
+    part = partition_schedule(mlp_step, 0.5)
+    assert part.schedule is None
+    assert part.message == "torch's partitioner failed: RuntimeError: Cannot save running_mean: mutated in forward"
+
+
+def test_batchnorm_model_gives_a_schedule_or_a_reason():
+    model, inputs = load_example("convnet", torch.float32)
+    step = MetaCapturer(model, inputs).at()
+    for part in partition_schedules(step, (0.2, 1.0)):
+        if part.schedule is None:
+            assert part.message.startswith("torch's partitioner failed") or "does not run" in part.message
+        else:
+            simulate(step.graph, part.schedule)  # runs once, with running stats updated once
+
+
+def test_fraction_outside_torch_range_is_rejected(mlp_step):
+    with pytest.raises(ValueError, match="within \\[0, 1\\]"):
+        partition_schedule(mlp_step, 1.5)
