@@ -16,6 +16,7 @@ positional example inputs; ``model(*get_inputs())`` returns ``(loss, logits)``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -135,14 +136,15 @@ def get_config(preset: str = "tiny", **overrides) -> GPT2Config:
     return dataclasses.replace(PRESETS[preset], **overrides)
 
 
-def get_model(preset: str | GPT2Config = "tiny", *, device: str | torch.device = "cpu",
+def get_model(preset: str | GPT2Config = "tiny", *, device: str | torch.device | None = None,
               dropout: float | None = None) -> nn.Module:
-    """The model with weights fixed by seed 0 (``device="meta"``: shapes only, nothing allocated)."""
+    """The model with weights fixed by seed 0 (``device="meta"``: shapes only, nothing allocated;
+    ``None``: the default device, so ``remat-opt --meta`` can build it on meta)."""
     cfg = get_config(preset) if isinstance(preset, str) else preset
     if dropout is not None:
         cfg = get_config(preset, dropout=dropout) if isinstance(preset, str) else \
             GPT2Config(**{**cfg.__dict__, "dropout": dropout})
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.random.fork_rng(devices=[]), (torch.device(device) if device else contextlib.nullcontext()):
         torch.manual_seed(0)
         return GPT2(cfg)
 

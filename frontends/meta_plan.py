@@ -55,13 +55,15 @@ def plan_without_hardware(
     cost_model: str = "flops",
     verbose: bool = False,
     name: str = "model",
+    allocator=None,
 ) -> MetaPlan:
     """Capture ``model`` on shapes alone and plan it for ``budget`` (report only).
 
     ``model``: a module on the meta device (or made of FakeTensors), or a function that builds
     it (called under ``torch.device("meta")``). ``example_inputs``: tensors of the right shapes
     and dtypes, on any device (moved to meta). ``cost_model``: ``flops`` or
-    ``roofline:<device>`` (``profile`` would have to run the ops).
+    ``roofline:<device>`` (``profile`` would have to run the ops). ``allocator``: an
+    `optimizer.allocator.AllocatorModel` for a CUDA device's rounding and margins.
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_map
@@ -85,7 +87,8 @@ def plan_without_hardware(
     options = SolverOptions(time_limit_s=time_limit, verbose=verbose)
     fx_nodes = len(captured.gm.graph.nodes)
     start = time.perf_counter()
-    plan = plan_graph(captured.graph, budget, solver, options, graph_nodes=fx_nodes)
+    plan = plan_graph(captured.graph, budget, solver, options, graph_nodes=fx_nodes,
+                      allocator=allocator)
     plan_s = time.perf_counter() - start
     report = format_report(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \
         f"plan {plan_s:.1f} s; nothing was allocated or run)"

@@ -13,6 +13,7 @@ with the line number in the user's file when their code raised.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import itertools
@@ -37,8 +38,12 @@ class ModelFileError(Exception):
     """A model file that cannot be used; the message says what to change."""
 
 
-def load_model_file(path: str) -> tuple[nn.Module, tuple[Any, ...]]:
+def load_model_file(path: str, *, meta: bool = False) -> tuple[nn.Module, tuple[Any, ...]]:
     """Import the file at ``path`` and return ``(get_model(), get_inputs())``.
+
+    ``meta=True`` builds the model under ``torch.device("meta")`` (shapes only: nothing is
+    allocated, tied weights stay tied) and moves the inputs to the meta device, for planning
+    a model larger than this machine's memory.
 
     The file runs as a fresh module with its own directory first on ``sys.path`` (so it may import
     its neighbours) while it is imported and while its two functions run. A single tensor from
@@ -56,7 +61,8 @@ def load_model_file(path: str) -> tuple[nn.Module, tuple[Any, ...]]:
         raise ModelFileError(f"{shown!r} must define get_model() and get_inputs(); see README")
 
     with _directory_on_sys_path(full_path):
-        model = _call_user(get_model, "get_model()", full_path, shown)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = _call_user(get_model, "get_model()", full_path, shown)
         inputs = _call_user(get_inputs, "get_inputs()", full_path, shown)
 
     if not isinstance(model, nn.Module):
@@ -71,6 +77,12 @@ def load_model_file(path: str) -> tuple[nn.Module, tuple[Any, ...]]:
             f"get_inputs() in {shown!r} must return a tuple of positional example inputs, "
             f"got {type(inputs).__name__}"
         )
+    if meta:
+        if any(not t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            raise ModelFileError(
+                f"get_model() in {shown!r} put tensors on a device of its own, so it cannot be "
+                "built on the meta device: let it use the default device (no device= argument)")
+        inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
     return model, tuple(inputs)
 
 

@@ -81,6 +81,16 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--save-graphs", metavar="DIR",
                         help="write the generated forward.py and backward.py into DIR")
     parser.add_argument("--verbose", action="store_true", help="show the solver's own log")
+    parser.add_argument("--meta", action="store_true",
+                        help="plan from shapes alone: build get_model() on the meta device (nothing "
+                             "is allocated or run), for models larger than this machine's memory; "
+                             "the default solver is then hierarchical")
+    parser.add_argument("--world-size", type=int, metavar="N",
+                        help="what-if: plan one rank of N data-parallel ranks (with --strategy); "
+                             "the budget is per rank")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"),
+                        help="data parallelism of the --world-size ranks: ddp (full replicas and "
+                             "gradient buckets) or fsdp (FSDP2 shards and the all-gathered unit)")
     parser.add_argument("--dtype", choices=sorted(DTYPES),
                         help="cast floating parameters and inputs to this dtype before planning "
                              "(what-if reports cast on the meta device: no memory, no hardware)")
@@ -148,7 +158,7 @@ def _load(args: argparse.Namespace):
     from frontends.model_file import ModelFileError, load_model_file
 
     try:
-        return load_model_file(args.model)
+        return load_model_file(args.model, meta=getattr(args, "meta", False))
     except ModelFileError as err:
         raise CliError(str(err), EXIT_MODEL_FILE) from None
 
@@ -187,6 +197,10 @@ def run(args: argparse.Namespace) -> str:
         for name in ("forward.py", "backward.py"):
             _check_writable(os.path.join(args.save_graphs, name))
     model, inputs = _cast(*_load(args), args.dtype)
+    if args.meta:
+        return _run_meta(args, model, inputs, budget, cost_model, allocator)
+    if args.world_size is not None or args.strategy is not None:
+        return _run_for_rank(args, model, inputs, budget, cost_model, allocator)
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
@@ -211,6 +225,29 @@ def run(args: argparse.Namespace) -> str:
                    f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
                    f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
     return report
+
+
+def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, allocator) -> str:
+    """--meta: capture from shapes alone and plan; nothing is allocated, so nothing can run."""
+    from frontends.meta_plan import plan_without_hardware
+
+    for flag, given in (("--measure", args.measure), ("--save-graphs", args.save_graphs),
+                        ("--world-size", args.world_size)):
+        if given:
+            raise CliError(f"{flag} needs a model that runs: drop it with --meta", EXIT_USAGE)
+    if cost_model == "profile":
+        raise CliError("--cost-model profile times ops on a device: use flops or roofline:<device> "
+                       "with --meta", EXIT_USAGE)
+    solver = "hierarchical" if args.solver == "auto" else args.solver
+    with _planning_errors(budget):
+        planned = plan_without_hardware(model, inputs, budget, solver=solver,
+                                        time_limit=args.time_limit, cost_model=cost_model,
+                                        verbose=args.verbose, name=args.model, allocator=allocator)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"generated_by": "remat-opt", "model": args.model, **planned.plan.to_json()},
+                      fh, indent=2)
+    return planned.report
 
 
 def _cast(model, inputs: tuple, dtype: str | None):
@@ -303,6 +340,36 @@ def _progress_bar(total: int | None):
                   transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("capturing", total=total)
         yield lambda what: progress.update(task, advance=1, description=what)
+
+
+def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, allocator) -> str:
+    """--world-size N --strategy ddp|fsdp: plan one rank and report its per-rank budget terms."""
+    from frontends.data_parallel import plan_model_for_rank
+    from frontends.distributed_budget import DataParallelConfig, format_rank_breakdown
+
+    if args.world_size is None or args.strategy is None:
+        raise CliError("--world-size and --strategy go together, e.g. --world-size 8 --strategy fsdp",
+                       EXIT_USAGE)
+    if args.measure or args.save_graphs:
+        raise CliError("--measure and --save-graphs run one process: drop them with --world-size",
+                       EXIT_USAGE)
+    try:
+        config = DataParallelConfig(world_size=args.world_size, strategy=args.strategy)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    with _planning_errors(budget):
+        ranked = plan_model_for_rank(model, inputs, budget, config, solver=args.solver,
+                                     time_limit=args.time_limit, cost_model=cost_model,
+                                     allocator=allocator, backend=args.backend, verbose=args.verbose)
+    if args.json:
+        import dataclasses
+
+        with open(args.json, "w") as fh:
+            json.dump({"generated_by": "remat-opt", "model": args.model, **ranked.plan.to_json(),
+                       "rank": {**dataclasses.asdict(ranked.breakdown),
+                                "predicted_rank_peak_bytes": ranked.predicted_rank_peak_bytes}},
+                      fh, indent=2)
+    return format_report(ranked.plan, args.model) + "\n" + format_rank_breakdown(ranked)
 
 
 def _device_settings(args: argparse.Namespace):

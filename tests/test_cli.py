@@ -178,3 +178,16 @@ def test_internal_errors_are_one_line_with_a_way_to_the_traceback(monkeypatch, c
     monkeypatch.setenv("REMAT_OPT_DEBUG", "1")
     with pytest.raises(RuntimeError, match="something deep inside"):
         main([example_path("mlp"), "--budget", "1GB"])
+
+
+def test_meta_plans_from_shapes_alone_with_the_same_bytes_as_a_real_capture(tmp_path, capsys):
+    real, meta = tmp_path / "real.json", tmp_path / "meta.json"
+    assert main([example_path("gpt2"), "--budget", "85%", "--solver", "greedy", "--json", str(real)]) == 0
+    assert main([example_path("gpt2"), "--budget", "85%", "--solver", "greedy", "--meta",
+                 "--json", str(meta)]) == 0
+    assert "nothing was allocated or run" in capsys.readouterr().out
+    planned_real, planned_meta = json.loads(real.read_text()), json.loads(meta.read_text())
+    for field in ("store_all_peak_bytes", "predicted_peak_bytes", "graph_values", "extra_flops"):
+        assert planned_meta[field] == planned_real[field], field
+    assert main([example_path("gpt2"), "--budget", "85%", "--meta", "--measure"]) == EXIT_USAGE
+    assert "--measure needs a model that runs" in capsys.readouterr().err
