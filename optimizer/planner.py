@@ -14,7 +14,7 @@ from optimizer.plan import BudgetBreakdown, ModuleSummary, Plan
 from optimizer.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions
-from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.baselines import store_all_schedule
 
 
 def plan_graph(
@@ -32,18 +32,20 @@ def plan_graph(
     fragmentation margin), every value is rounded to whole blocks and the planned peak includes
     the reserve and margin; the solvers get the budget that leaves room for them.
 
-    Raises InfeasibleBudgetError (with the smallest budget known to work) when nothing fits.
+    Raises InfeasibleBudgetError when nothing fits, naming the smallest feasible budget (exact
+    when `solvers.min_budget` proves it; its search is capped at 10 s).
     """
     allocator = allocator or AllocatorModel(block_bytes=1)
     graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     budget_bytes = resolve_budget(budget, allocator.planned_peak(store_all.peak_bytes))
     solver_budget = allocator.solver_budget(budget_bytes)
-    lean = simulate(graph, recompute_all_schedule(graph))
-    smallest_known = allocator.planned_peak(min(store_all.peak_bytes, lean.peak_bytes))
-    result = get_solver(solver)(graph, solver_budget, options)
+    try:
+        result = get_solver(solver)(graph, solver_budget, options)
+    except InfeasibleBudgetError:
+        raise _infeasible(graph, budget_bytes, solver, options, allocator, "") from None
     if result.schedule is None:
-        raise InfeasibleBudgetError(budget_bytes, smallest_known, f" ({result.message})" if result.message else "")
+        raise _infeasible(graph, budget_bytes, solver, options, allocator, result.message)
     sim = simulate(graph, result.schedule)
     if sim.peak_bytes > solver_budget:
         raise AssertionError(
@@ -75,6 +77,23 @@ def plan_graph(
         allocator=allocator.describe(),
         schedule=result.schedule,
     )
+
+
+def _infeasible(graph: RematGraph, budget_bytes: int, solver: str, options: SolverOptions,
+                allocator: AllocatorModel, message: str) -> InfeasibleBudgetError:
+    """The error for a budget ``solver`` could not meet, naming the smallest feasible budget
+    (exact when `solvers.min_budget` proves it, within its time limit)."""
+    from solvers.min_budget import smallest_feasible_budget
+
+    found = smallest_feasible_budget(graph, options)
+    smallest = allocator.planned_peak(found.smallest_bytes)
+    lower = allocator.planned_peak(found.lower_bytes)
+    detail = f" ({message})" if message else ""
+    if smallest <= budget_bytes:  # a schedule fits, but this solver did not find it
+        detail += (f"; solver {solver!r} found no schedule, but one exists: try solver='milp' "
+                   "or 'cpsat', or a longer time limit")
+    return InfeasibleBudgetError(budget_bytes, smallest, detail, exact=found.exact,
+                                 lower_bound_bytes=lower)
 
 
 def breakdown(graph: RematGraph, budget_bytes: int) -> BudgetBreakdown:

@@ -3,23 +3,63 @@
 Order of work, each step seeded by the best schedule so far:
 1. store-all, when it fits (no recomputation is the minimum: every op runs at least once);
 2. the fast heuristics: the greedy saved-set search and the classic chain/segment schedules;
-3. the exact Checkmate MILP, warm-started with that incumbent, when the graph is small enough
-   for it to finish (its O(n^2) model is built in Python; past ``MILP_MAX_GROUPS`` op groups the
-   build alone outlasts a sensible time limit). Its proven bound, when any, is reported.
+3. graphs of at most ``EXACT_MAX_GROUPS`` op groups: the exact Checkmate model, warm-started
+   with that incumbent, on the best installed back-end (`exact_backend`: the MILP with HiGHS
+   when highspy is installed, else CP-SAT when OR-Tools is, else the MILP with CBC, bundled
+   with PuLP); it runs even when no heuristic fits. Its O(n^2) model is built in Python:
+   past the threshold the build alone outlasts a sensible time limit, so larger graphs go to
+   `_solve_large` (today: the heuristics' best, without a proven bound).
 The answer is never worse than the best heuristic, and always simulated by the planner.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import time
 
 from optimizer.graph import RematGraph
+from optimizer.schedule import Schedule
 from optimizer.simulator import simulate
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 
-MILP_MAX_GROUPS = 80
+EXACT_MAX_GROUPS = 80
+MILP_MAX_GROUPS = EXACT_MAX_GROUPS  # the name earlier versions exported
 HEURISTICS = ("greedy", "chain-dp", "chen-greedy", "blocks")
+
+
+def exact_backend(options: SolverOptions) -> str:
+    """The exact back-end ``auto`` uses: 'highs', 'cpsat' or 'cbc'.
+
+    An explicit MILP back-end in ``options.backend`` ('highs' or 'cbc') is used as asked (the
+    MILP raises `SolverUnavailableError` with an install hint if it is missing); 'auto' takes
+    the first installed of HiGHS (fastest on these models in benchmarks/solvers.md), CP-SAT
+    and CBC (always there: PuLP bundles it).
+    """
+    if options.backend != "auto":
+        return options.backend
+    from solvers.milp_backend import highs_available
+
+    if highs_available():
+        return "highs"
+    if importlib.util.find_spec("ortools") is not None:
+        return "cpsat"
+    return "cbc"
+
+
+def _solve_exact(graph: RematGraph, budget_bytes: int, options: SolverOptions,
+                 warm_start: Schedule):
+    """The Checkmate model on `exact_backend`'s choice, seeded with ``warm_start``."""
+    backend = exact_backend(options)
+    if backend == "cpsat":
+        from solvers.cpsat import solve_cpsat_model
+
+        return solve_cpsat_model(graph, budget_bytes, options, warm_start=warm_start)
+    from solvers.milp import solve_milp_model
+
+    return solve_milp_model(graph, budget_bytes, dataclasses.replace(options, backend=backend),
+                            warm_start=warm_start)
 
 
 def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
@@ -30,6 +70,7 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
     store_sim = simulate(graph, store_all)
 
     def result(status, schedule, cost, bound, message) -> SolveResult:
+        options.report(start, cost, bound, final=True)
         return SolveResult(solver="auto", status=status, schedule=schedule, objective=cost,
                            bound=bound, solve_time_s=time.perf_counter() - start, message=message)
 
@@ -38,40 +79,72 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
                       "store-all fits the budget: no recomputation needed")
     lean = recompute_all_schedule(graph)
     lean_sim = simulate(graph, lean)
-    best = ("recompute-all", lean, lean_sim.total_cost) if lean_sim.peak_bytes <= budget_bytes else None
-    share = SolverOptions(time_limit_s=max(1.0, options.time_limit_s / 4), threads=options.threads,
-                          verbose=options.verbose, backend=options.backend)
+    best = None
+    if lean_sim.peak_bytes <= budget_bytes:
+        best = ("recompute-all", lean, lean_sim.total_cost)
+    share = dataclasses.replace(options, time_limit_s=max(1.0, options.time_limit_s / 4),
+                                progress=None)
     for name in HEURISTICS:
         try:
             answer = get_solver(name)(graph, budget_bytes, share)
-        except ValueError:  # a chain solver on a graph that is not a chain
+        except ValueError:  # a chain solver on a graph that is not a chain; InfeasibleBudgetError
             continue
         if answer.schedule is not None and (best is None or answer.objective < best[2]):
             best = (name, answer.schedule, answer.objective)
-    if best is None:
-        raise InfeasibleBudgetError(budget_bytes, min(store_sim.peak_bytes, lean_sim.peak_bytes),
+    smallest_known = min(store_sim.peak_bytes, lean_sim.peak_bytes)
+    large = len(graph.groups) > EXACT_MAX_GROUPS
+    if best is None and large:
+        raise InfeasibleBudgetError(budget_bytes, smallest_known,
                                     " (no heuristic fits; recompute-all is the leanest known)")
+    if large:
+        return result(*_solve_large(graph, budget_bytes, options, best))
     left = options.time_limit_s - (time.perf_counter() - start)
-    if len(graph.groups) > MILP_MAX_GROUPS or left < 1.0:
+    if best is not None and left < 1.0:
         return result(SolveStatus.HEURISTIC, best[1], best[2], None,
-                      f"best heuristic: {best[0]} ({len(graph.groups)} op groups: exact MILP skipped)")
-    from solvers.milp import solve_milp_model
+                      f"best heuristic: {best[0]} (no time left for the exact model)")
 
-    milp_options = SolverOptions(time_limit_s=left, threads=options.threads,
-                                 verbose=options.verbose, backend=options.backend)
-    solution = solve_milp_model(graph, budget_bytes, milp_options, warm_start=best[1])
+    # The exact model, seeded with the best heuristic; unseeded when none fits (it searches a
+    # larger space, so it may still find a schedule).
+    solution = _solve_exact(graph, budget_bytes,
+                            dataclasses.replace(options, time_limit_s=max(1.0, left)),
+                            None if best is None else best[1])
+    if best is None:
+        if solution.status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+            stopped = "proves none" if solution.status is SolveStatus.INFEASIBLE else "found none"
+            raise InfeasibleBudgetError(
+                budget_bytes, smallest_known,
+                f" (no heuristic fits; the exact model ({solution.backend}) {stopped})")
+        best = ("nothing", None, float("inf"))
     if solution.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
-        from optimizer.schedule import Schedule
-
         schedule = Schedule.from_computes(graph, solution.forward, solution.backward)
         sim = simulate(graph, schedule)
-        if sim.peak_bytes <= budget_bytes and sim.total_cost <= best[2] + 1e-15:
-            bound = solution.bound if solution.bound is None else min(solution.bound, sim.total_cost)
+        if sim.peak_bytes > budget_bytes:
+            raise AssertionError(f"auto: the exact model's schedule peaks at {sim.peak_bytes} "
+                                 f"bytes > budget {budget_bytes}: formulation bug")
+        if sim.total_cost <= best[2] + 1e-15:
+            bound = None if solution.bound is None else min(solution.bound, sim.total_cost)
+            seed = f", seeded by {best[0]}" if best[1] is not None else ""
             return result(solution.status, schedule, sim.total_cost, bound,
-                          f"exact MILP ({solution.backend}), seeded by {best[0]}")
+                          f"exact Checkmate model ({solution.backend}){seed}")
         bound = solution.bound
         return result(SolveStatus.FEASIBLE if bound is not None else SolveStatus.HEURISTIC,
                       best[1], best[2], None if bound is None else min(bound, best[2]),
-                      f"{best[0]}; the MILP ({solution.backend}) found nothing cheaper")
+                      f"{best[0]}; the exact model ({solution.backend}) found nothing cheaper")
     return result(SolveStatus.HEURISTIC, best[1], best[2], None,
-                  f"best heuristic: {best[0]}; the MILP ({solution.backend}) stopped without a better schedule")
+                  f"best heuristic: {best[0]}; the exact model ({solution.backend}) stopped "
+                  "without a better schedule")
+
+
+# ---------------------------------------------------------------------------------------
+# GRAPHS ABOVE EXACT_MAX_GROUPS GO HERE. This is the one place to hook a solver for large
+# graphs (the block-level solver of solvers/hierarchical.py): it gets the graph, the budget,
+# the options (time limit, progress) and the heuristics' best as (name, schedule, cost), and
+# returns (status, schedule, cost, bound, message); it must never return a schedule costlier
+# than ``best`` (return ``best`` instead) and never one over the budget.
+# ---------------------------------------------------------------------------------------
+def _solve_large(graph: RematGraph, budget_bytes: int, options: SolverOptions,
+                 best: tuple[str, Schedule, float]):
+    name, schedule, cost = best
+    return (SolveStatus.HEURISTIC, schedule, cost, None,
+            f"best heuristic: {name} ({len(graph.groups)} op groups > {EXACT_MAX_GROUPS}: "
+            "exact model skipped)")

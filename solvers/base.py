@@ -8,9 +8,10 @@ inputs included (see `optimizer.simulator`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-
+import math
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult
@@ -21,6 +22,39 @@ class SolveStatus(enum.Enum):
     FEASIBLE = "feasible"  # a schedule within budget, optimality not proven (time limit)
     HEURISTIC = "heuristic"  # a classic schedule: no optimality claim at all
     INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True)
+class SolveProgress:
+    """What an exact solver knows while it runs: its incumbent and its proven bound.
+
+    Reported through `SolverOptions.progress` so a caller can show the gap closing, or stop
+    waiting when it is small enough. ``final`` marks the last report, which matches the
+    returned `SolveResult` (its objective, bound and gap).
+    """
+
+    elapsed_s: float
+    objective: float | None
+    """Cost of the best schedule found so far (None until there is one)."""
+    bound: float | None
+    """Proven lower bound on the optimal cost (None while the solver has none)."""
+    final: bool = False
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap (objective - bound) / objective, as `SolveResult.gap`."""
+        return _relative_gap(self.objective, self.bound)
+
+
+ProgressCallback = Callable[[SolveProgress], None]
+
+
+def _relative_gap(objective: float | None, bound: float | None) -> float | None:
+    if objective is None or bound is None or not math.isfinite(bound):
+        return None
+    if objective <= 0:
+        return 0.0
+    return max(0.0, (objective - bound) / objective)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +69,18 @@ class SolverOptions:
     """Random seed of solvers that search randomly (CP-SAT); fixed for reproducible plans."""
     backend: str = "auto"
     """MILP back-end: 'cbc' (bundled with PuLP), 'highs' (if highspy is installed) or 'auto'."""
+    progress: ProgressCallback | None = None
+    """Called with a `SolveProgress` while an exact solver runs (CP-SAT: each incumbent; MILP
+    with HiGHS: each incumbent and about every half second as the bound moves; CBC, run as a
+    separate program by PuLP, reports nothing while it runs) and once more, ``final=True``,
+    with the returned result's objective and bound. Heuristic solvers report nothing."""
+
+    def report(self, start: float, objective: float | None, bound: float | None,
+               final: bool = False) -> None:
+        """Send a `SolveProgress` to ``progress`` (no-op without one); ``start`` is the
+        `time.perf_counter()` at which the solve began."""
+        if self.progress is not None:
+            self.progress(SolveProgress(time.perf_counter() - start, objective, bound, final))
 
 
 @dataclass(frozen=True)
@@ -54,24 +100,30 @@ class SolveResult:
     @property
     def gap(self) -> float | None:
         """Relative optimality gap (objective - bound) / objective; 0 when optimal."""
-        if self.objective is None or self.bound is None:
-            return None
-        if self.objective <= 0:
-            return 0.0
-        return max(0.0, (self.objective - self.bound) / self.objective)
+        return _relative_gap(self.objective, self.bound)
 
 
 class InfeasibleBudgetError(ValueError):
-    """No schedule fits the budget; carries the smallest budget known to be feasible."""
+    """No schedule fits the budget; carries the smallest budget known to be feasible.
 
-    def __init__(self, budget_bytes: int, smallest_feasible_bytes: int | None, detail: str = ""):
+    ``exact``: ``smallest_feasible_bytes`` is proven smallest (see `solvers.min_budget`), not
+    just a budget known to work; ``lower_bound_bytes``: no schedule fits below it (if known).
+    """
+
+    def __init__(self, budget_bytes: int, smallest_feasible_bytes: int | None, detail: str = "",
+                 *, exact: bool = False, lower_bound_bytes: int | None = None):
         self.budget_bytes = budget_bytes
         self.smallest_feasible_bytes = smallest_feasible_bytes
-        hint = (
-            f"; the smallest feasible budget found is {smallest_feasible_bytes} bytes"
-            if smallest_feasible_bytes is not None
-            else ""
-        )
+        self.exact = exact and smallest_feasible_bytes is not None
+        self.lower_bound_bytes = lower_bound_bytes
+        if smallest_feasible_bytes is None:
+            hint = ""
+        elif self.exact:
+            hint = f"; the smallest feasible budget is {smallest_feasible_bytes} bytes (exact)"
+        else:
+            hint = f"; the smallest feasible budget found is {smallest_feasible_bytes} bytes"
+            if lower_bound_bytes is not None:
+                hint += f" (none fits below {lower_bound_bytes} bytes)"
         super().__init__(f"no schedule fits a budget of {budget_bytes} bytes{hint}{detail}")
 
 

@@ -1,0 +1,96 @@
+"""The smallest feasible budget: the fast lower bound holds for every schedule, the exact search
+matches the exhaustive one, and the planner's infeasible-budget error names that budget."""
+
+from __future__ import annotations
+
+import pytest
+from graphs import random_graph
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from optimizer.planner import plan_graph
+from optimizer.simulator import simulate
+from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
+from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.brute_force import min_feasible_budget
+from solvers.cpsat import solve_cpsat
+from solvers.min_budget import peak_lower_bound, smallest_feasible_budget
+
+HYPOTHESIS = settings(max_examples=15, deadline=None, derandomize=True,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+OPTIONS = SolverOptions(time_limit_s=10)
+
+
+def _classic_peak(graph) -> int:
+    return min(simulate(graph, store_all_schedule(graph)).peak_bytes,
+               simulate(graph, recompute_all_schedule(graph)).peak_bytes)
+
+
+def _small_graph(seed: int, n_forward: int):
+    graph = random_graph(seed, n_forward)
+    assume(len(graph.ops) + len(graph.tangents) <= 14)
+    return graph
+
+
+@HYPOTHESIS
+@given(st.integers(0, 10_000), st.integers(3, 5))
+def test_exact_search_matches_the_exhaustive_search(seed, n_forward):
+    graph = _small_graph(seed, n_forward)
+    found = smallest_feasible_budget(graph, OPTIONS)
+    expected = min(min_feasible_budget(graph), _classic_peak(graph))
+    assert found.exact and found.smallest_bytes == expected == found.lower_bytes
+    assert simulate(graph, found.schedule).peak_bytes <= found.smallest_bytes
+    # The fast bound holds for every schedule, in any order (not only the Checkmate stages).
+    assert peak_lower_bound(graph) <= min_feasible_budget(graph, space="free")
+    # The exact solvers meet that budget and no smaller one.
+    result = solve_cpsat(graph, found.smallest_bytes, OPTIONS)
+    assert result.schedule is not None
+    assert simulate(graph, result.schedule).peak_bytes <= found.smallest_bytes
+    with pytest.raises(InfeasibleBudgetError):
+        solve_cpsat(graph, found.smallest_bytes - 1, OPTIONS)
+
+
+def test_large_graphs_get_the_leanest_classic_peak_and_a_lower_bound():
+    graph = random_graph(7, 6)
+    found = smallest_feasible_budget(graph, OPTIONS, max_groups=2)
+    assert found.smallest_bytes == _classic_peak(graph)
+    assert found.lower_bytes == min(peak_lower_bound(graph), found.smallest_bytes)
+    assert found.exact is (found.lower_bytes == found.smallest_bytes)
+    assert "no exact search" in found.method
+    assert simulate(graph, found.schedule).peak_bytes == found.smallest_bytes
+
+
+def _tight_graph():
+    """A random graph whose smallest feasible budget is below both classic schedules' peaks."""
+    for seed in range(200):
+        graph = random_graph(seed, 5)
+        if len(graph.ops) + len(graph.tangents) > 14:
+            continue
+        if min_feasible_budget(graph) < _classic_peak(graph):
+            return graph
+    raise AssertionError("no random graph where the exact search beats the classic schedules")
+
+
+def test_planner_error_names_the_exact_smallest_budget():
+    graph = _tight_graph()
+    smallest = min_feasible_budget(graph)
+    for solver in ("cpsat", "milp", "auto"):
+        with pytest.raises(InfeasibleBudgetError) as info:
+            plan_graph(graph, smallest - 1, solver, OPTIONS)
+        err = info.value
+        assert err.smallest_feasible_bytes == smallest and err.exact
+        assert err.lower_bound_bytes == smallest
+        assert f"{smallest} bytes (exact)" in str(err)
+    plan = plan_graph(graph, smallest, "cpsat", OPTIONS)
+    assert plan.status in (SolveStatus.OPTIMAL.value, SolveStatus.HEURISTIC.value)
+    assert plan.predicted_peak_bytes <= smallest
+
+
+def test_planner_error_for_a_heuristic_says_a_schedule_exists():
+    """recompute-all cannot meet a budget the Checkmate stages meet: the error says so."""
+    graph = _tight_graph()
+    smallest = min_feasible_budget(graph)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        plan_graph(graph, smallest, "recompute-all", OPTIONS)
+    assert info.value.smallest_feasible_bytes == smallest
+    assert "one exists" in str(info.value)
