@@ -1,12 +1,12 @@
 """Solve time and objective / bound / gap of every solver on the example graphs at three budgets.
 
-Writes a Markdown report (``--out``, default benchmarks/solvers.md): per example graph, budget and
+Writes a Markdown report (``--out``, default benchmarks/solver_table.md): per example graph, budget and
 solver, the median wall time of ``--runs`` solves (graph captured once; model building included,
 it is part of what a user waits for) and the objective, proven bound and gap of the last run
 (identical in every run: the solvers are deterministic with one thread, except where a time
 limit cuts a search short at a different point).
 
-    python benchmarks/solvers.py --runs 3 --time-limit 5 --out benchmarks/solvers.md
+    python benchmarks/solver_table.py --runs 3 --time-limit 5 --out benchmarks/solver_table.md
 
 Budgets sit between the leanest classic schedule's simulated peak (0) and store-all's (1):
 fractions 0.2, 0.5 and 0.8. ``--exact-max-groups`` (default 80, as ``auto``) limits which graphs
@@ -80,7 +80,7 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "solvers.md"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "solver_table.md"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--big-runs", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=5.0)
@@ -125,7 +125,7 @@ def main() -> None:
     load_after = os.getloadavg()
     header = [
         "# Solver benchmark: time and objective / bound / gap per solver, graph and budget", "",
-        f"Command: `python benchmarks/solvers.py --runs {args.runs} --big-runs {args.big_runs} "
+        f"Command: `python benchmarks/solver_table.py --runs {args.runs} --big-runs {args.big_runs} "
         f"--time-limit {args.time_limit:g} --examples {args.examples}`", "",
         f"Machine: {os.cpu_count()}-core {platform.machine()} ({cpu}), Python "
         f"{platform.python_version()}, torch {torch.__version__}, one thread per solver. "
