@@ -176,8 +176,11 @@ def _planning_errors(budget: str | int):
     except InfeasibleBudgetError as err:
         hint = ""
         if err.smallest_feasible_bytes is not None:
+            proven = "the smallest that fits" if err.exact else "known to fit"
             hint = (f": try --budget {err.smallest_feasible_bytes} "
-                    f"({format_bytes(err.smallest_feasible_bytes)})")
+                    f"({format_bytes(err.smallest_feasible_bytes)}, {proven})")
+            if not err.exact and err.lower_bound_bytes is not None:
+                hint += f"; remat-opt can plan nothing below {format_bytes(err.lower_bound_bytes)}"
         raise CliError(f"budget {format_bytes(err.budget_bytes)} is too small{hint}", EXIT_INFEASIBLE) from None
     except SolverUnavailableError as err:
         raise CliError(str(err), EXIT_SOLVER) from None

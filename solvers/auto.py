@@ -7,8 +7,9 @@ Order of work, each step seeded by the best schedule so far:
    with that incumbent, on the best installed back-end (`exact_backend`: the MILP with HiGHS
    when highspy is installed, else CP-SAT when OR-Tools is, else the MILP with CBC, bundled
    with PuLP); it runs even when no heuristic fits. Its O(n^2) model is built in Python:
-   past the threshold the build alone outlasts a sensible time limit, so larger graphs go to
-   `_solve_large` (today: the heuristics' best, without a proven bound).
+   past the threshold the build alone outlasts a sensible time limit, so larger graphs go
+   straight to `solvers.hierarchical` (which runs the same heuristics itself, plus block-level
+   plans, and proves a lower bound).
 The answer is never worse than the best heuristic, and always simulated by the planner.
 """
 
@@ -77,6 +78,8 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
     if store_sim.peak_bytes <= budget_bytes:
         return result(SolveStatus.OPTIMAL, store_all, store_sim.total_cost, store_sim.total_cost,
                       "store-all fits the budget: no recomputation needed")
+    if len(graph.groups) > EXACT_MAX_GROUPS:  # hierarchical runs the heuristics itself
+        return result(*_solve_large(graph, budget_bytes, options))
     lean = recompute_all_schedule(graph)
     lean_sim = simulate(graph, lean)
     best = None
@@ -92,12 +95,6 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
         if answer.schedule is not None and (best is None or answer.objective < best[2]):
             best = (name, answer.schedule, answer.objective)
     smallest_known = min(store_sim.peak_bytes, lean_sim.peak_bytes)
-    large = len(graph.groups) > EXACT_MAX_GROUPS
-    if best is None and large:
-        raise InfeasibleBudgetError(budget_bytes, smallest_known,
-                                    " (no heuristic fits; recompute-all is the leanest known)")
-    if large:
-        return result(*_solve_large(graph, budget_bytes, options, best))
     left = options.time_limit_s - (time.perf_counter() - start)
     if best is not None and left < 1.0:
         return result(SolveStatus.HEURISTIC, best[1], best[2], None,
@@ -135,16 +132,21 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
                   "without a better schedule")
 
 
-# ---------------------------------------------------------------------------------------
-# GRAPHS ABOVE EXACT_MAX_GROUPS GO HERE. This is the one place to hook a solver for large
-# graphs (the block-level solver of solvers/hierarchical.py): it gets the graph, the budget,
-# the options (time limit, progress) and the heuristics' best as (name, schedule, cost), and
-# returns (status, schedule, cost, bound, message); it must never return a schedule costlier
-# than ``best`` (return ``best`` instead) and never one over the budget.
-# ---------------------------------------------------------------------------------------
-def _solve_large(graph: RematGraph, budget_bytes: int, options: SolverOptions,
-                 best: tuple[str, Schedule, float]):
-    name, schedule, cost = best
-    return (SolveStatus.HEURISTIC, schedule, cost, None,
-            f"best heuristic: {name} ({len(graph.groups)} op groups > {EXACT_MAX_GROUPS}: "
-            "exact model skipped)")
+def _solve_large(graph: RematGraph, budget_bytes: int, options: SolverOptions):
+    """Graphs past EXACT_MAX_GROUPS: `solvers.hierarchical` (block plans, the LP-rounded saved
+    set and the classic heuristics, so never worse than them) with its proven bound."""
+    from solvers.hierarchical import solve_hierarchical
+
+    user_progress = options.progress
+
+    def progress(update) -> None:  # auto reports the final result itself
+        if user_progress is not None and not update.final:
+            user_progress(update)
+
+    answer = solve_hierarchical(graph, budget_bytes, dataclasses.replace(options, progress=progress))
+    if answer.schedule is None:
+        smallest = min(simulate(graph, store_all_schedule(graph)).peak_bytes,
+                       simulate(graph, recompute_all_schedule(graph)).peak_bytes)
+        raise InfeasibleBudgetError(budget_bytes, smallest, f" ({answer.message})")
+    return (answer.status, answer.schedule, answer.objective, answer.bound,
+            f"hierarchical ({len(graph.groups)} op groups > {EXACT_MAX_GROUPS}): {answer.message}")

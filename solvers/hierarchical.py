@@ -133,9 +133,7 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
     store_sim = simulate(graph, store_all)
 
     def report(objective, bound, final=False) -> None:
-        send = getattr(options, "report", None)  # SolverOptions.progress, where it exists
-        if send is not None:
-            send(start, objective, bound, final=final)
+        options.report(start, objective, bound, final=final)
 
     def result(status, schedule, objective, bound, message) -> SolveResult:
         report(objective, bound, final=True)
