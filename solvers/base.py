@@ -7,11 +7,14 @@ inputs included (see `optimizer.simulator`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
+import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult
@@ -152,3 +155,19 @@ def heuristic_result(
         solve_time_s=time.perf_counter() - start,
         message=message,
     )
+
+
+@contextlib.contextmanager
+def stdout_silenced():
+    """Point file descriptor 1 at /dev/null: HiGHS (a C++ library) prints its banner there,
+    not to sys.stdout, whatever its options say."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)

@@ -50,7 +50,14 @@ from solvers.base import (
 from solvers.checkmate import MilpSolution, solve_checkmate
 from solvers.checkmate_data import _Data, _is_const, _prepare
 from solvers.checkmate_stages import _stage_sequences
-from solvers.cpsat_model import _build, _CpModel, _hint, _TriviallyInfeasible, cp_model
+from solvers.cpsat_model import (
+    _build,
+    _CpModel,
+    _hint,
+    _TriviallyInfeasible,
+    cp_model,
+    new_solver,
+)
 
 SOLVER_NAME = "checkmate-cpsat"
 BACKEND = "cp-sat"
@@ -113,15 +120,7 @@ def solve_cpsat_model(graph: RematGraph, budget_bytes: int, options: SolverOptio
     hinted = _hint(data, m, warm_start) if warm_start is not None else None
     warm = hinted is not None
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, options.time_limit_s
-                                                - (time.perf_counter() - start))
-    solver.parameters.num_workers = max(1, options.threads)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.log_search_progress = options.verbose
-    # The full LP relaxation in the search: the Checkmate model's bound comes from its LP (on
-    # chain(16) one worker proves optimality in 1-7 s with it, not within 60 s without).
-    solver.parameters.linearization_level = 2
+    solver = new_solver(options, start)
     wants_progress = options.verbose or options.progress is not None
     callback = _Progress(data, m, options, start) if wants_progress else None
     status = solver.solve(m.model, callback)

@@ -7,13 +7,12 @@ collects rows as index/value lists and hands HiGHS one column-wise matrix.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+from solvers.base import stdout_silenced
 
 
 class LpStatus(enum.Enum):
@@ -32,20 +31,6 @@ class LpSolution:
     """Proven lower bound on the optimum (the objective for an optimal LP; the MIP dual
     bound otherwise; +inf when proven infeasible)."""
     values: np.ndarray | None
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """HiGHS prints its banner on file descriptor 1 whatever its options say."""
-    sys.stdout.flush()
-    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 class LinearProgram:
@@ -76,7 +61,7 @@ class LinearProgram:
     def solve(self, time_limit_s: float = 60.0, threads: int = 1) -> LpSolution:
         import highspy
 
-        with _quiet_stdout():
+        with stdout_silenced():
             h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", max(0.1, float(time_limit_s)))

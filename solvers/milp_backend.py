@@ -4,37 +4,24 @@ limits, the proven bound, and each status the back-ends report, as a `MilpSoluti
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
-import os
-import sys
 import time
 
 import pulp
 
 from optimizer.graph import RematGraph
 from optimizer.schedule import Schedule
-from solvers.base import SolverOptions, SolverUnavailableError, SolveStatus
+from solvers.base import (
+    SolverOptions,
+    SolverUnavailableError,
+    SolveStatus,
+    stdout_silenced,
+)
 from solvers.checkmate import MilpSolution
 from solvers.checkmate_data import _is_const, _prepare
 from solvers.checkmate_stages import _stage_sequences
 from solvers.milp_model import _build_model, _Model, _TriviallyInfeasible, _warm_start
-
-
-@contextlib.contextmanager
-def _stdout_silenced():
-    """Point file descriptor 1 at /dev/null (C++ libraries write there, not to sys.stdout)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _objective_offset(model: _Model) -> float:
@@ -103,7 +90,7 @@ class _HiGHS(pulp.HiGHS):
         # the options say: keep it off the user's terminal unless they asked for solver logs.
         if self.msg:
             return super().createAndConfigureSolver(lp)
-        with _stdout_silenced():
+        with stdout_silenced():
             return super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp):

@@ -97,9 +97,15 @@ def smallest_feasible_budget(graph: RematGraph, options: SolverOptions = SolverO
 
 def _search(graph, data, lower: int, leanest, options: SolverOptions, answer, start: float):
     """CP-SAT minimizing the peak of the Checkmate stages, in ``[lower, leanest.peak]``."""
-    from solvers.checkmate_stages import _stage_sequences
     from solvers.checkmate_data import _is_const
-    from solvers.cpsat_model import _build, _hint, _TriviallyInfeasible, cp_model
+    from solvers.checkmate_stages import _stage_sequences
+    from solvers.cpsat_model import (
+        _build,
+        _hint,
+        _TriviallyInfeasible,
+        cp_model,
+        new_solver,
+    )
 
     try:
         m = _build(data, leanest.peak, minimize_peak=True, least_peak=lower)
@@ -107,13 +113,7 @@ def _search(graph, data, lower: int, leanest, options: SolverOptions, answer, st
         return answer(leanest.peak, leanest.peak, leanest.schedule,
                       f"{leanest.name} (the Checkmate stages cannot reach it)")
     _hint(data, m, leanest.schedule)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, options.time_limit_s
-                                                - (time.perf_counter() - start))
-    solver.parameters.num_workers = max(1, options.threads)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.log_search_progress = options.verbose
-    solver.parameters.linearization_level = 2  # the LP relaxation gives the bound its strength
+    solver = new_solver(options, start)
     status = solver.solve(m.model)
     unit, exact_units = m.units.byte_unit, m.units.exact_bytes
 
