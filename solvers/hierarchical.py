@@ -26,6 +26,7 @@ from optimizer.graph import RematGraph
 from optimizer.reduce import reduce_graph
 from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult, simulate
+from solvers.auto import EXACT_MAX_GROUPS  # graphs this small also get the exact MILP
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import store_all_schedule
 from solvers.block_plan import block_schedules
@@ -42,8 +43,6 @@ LATE_CLASSICS = ("chain-dp", "greedy")
 BLOCK_SHARE = 0.3
 ROUNDING_SHARE = 0.15
 """Shares of the time limit for the block plan and the LP rounding (their repair loops)."""
-EXACT_MAX_GROUPS = 80
-"""Graphs this small also get the exact Checkmate MILP (seeded by the classics) in the time left."""
 GREEDY_SHARE = 0.2
 """greedy simulates a few candidates per dropped value: cap it at this share of the limit."""
 
