@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from optimizer.graph import Node, NodeKind, Phase, RematGraph, prune_dead
+from optimizer.simulator import simulate
+from solvers.baselines import recompute_all_schedule, store_all_schedule
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 
@@ -107,3 +111,21 @@ def random_graph(seed: int, n_forward: int = 5) -> RematGraph:
     graph = RematGraph(tuple(nodes), forward_outputs=("loss",), user_outputs=("loss",),
                        backward_outputs=tuple(bwd_outputs))
     return prune_dead(graph)
+
+
+def store_and_lean_peaks(graph: RematGraph) -> tuple[int, int]:
+    """(store-all peak, recompute-all peak): the budgets between them need recomputation."""
+    return (simulate(graph, store_all_schedule(graph)).peak_bytes,
+            simulate(graph, recompute_all_schedule(graph)).peak_bytes)
+
+
+def check_exact_result(graph: RematGraph, budget: int, result, tol: float = 1e-6) -> None:
+    """An exact solver's result: its schedule runs, fits, costs what the result says, and its
+    bound (if any) is not above its objective."""
+    assert result.schedule is not None
+    sim = simulate(graph, result.schedule)
+    assert sim.peak_bytes <= budget
+    assert result.objective == pytest.approx(sim.total_cost, abs=tol)
+    if result.bound is not None:
+        assert result.bound <= result.objective + tol
+

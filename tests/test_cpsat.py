@@ -2,16 +2,15 @@
 schedule judged by the simulator, deterministic, and never worse than its warm start."""
 
 import pytest
-from graphs import chain, random_graph
+from graphs import chain, check_exact_result, random_graph, store_and_lean_peaks
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.graph import RematGraph
 from optimizer.schedule import Schedule
 from optimizer.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
-from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import min_feasible_budget, solve_brute_force
 from solvers.cpsat import solve_cpsat, solve_cpsat_model
 from solvers.milp import solve_milp, solve_milp_model
@@ -23,25 +22,13 @@ HYPOTHESIS = settings(max_examples=20, deadline=None, derandomize=True,
 TOL = 1e-6
 
 
-def _peaks(graph: RematGraph) -> tuple[int, int]:
-    return (simulate(graph, store_all_schedule(graph)).peak_bytes,
-            simulate(graph, recompute_all_schedule(graph)).peak_bytes)
-
-
-def _check(graph: RematGraph, budget: int, result) -> None:
-    assert result.schedule is not None
-    sim = simulate(graph, result.schedule)
-    assert sim.peak_bytes <= budget
-    assert result.objective == pytest.approx(sim.total_cost, abs=TOL)
-    if result.bound is not None:
-        assert result.bound <= result.objective + TOL
 
 
 @st.composite
 def graph_and_budget(draw):
     graph = random_graph(draw(st.integers(0, 10_000)), draw(st.integers(4, 6)))
     assume(len(graph.ops) + len(graph.tangents) <= 15)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = draw(st.integers(min(store, lean), max(store, lean)))
     return graph, budget
 
@@ -63,7 +50,7 @@ def test_cpsat_matches_milp_and_exhaustive_search(case):
             assert exc.smallest_feasible_bytes > budget
         else:
             assert result.status is SolveStatus.HEURISTIC
-            _check(graph, budget, result)
+            check_exact_result(graph, budget, result)
         return
     assert cpsat.status is SolveStatus.OPTIMAL
     assert cpsat.model_cost == pytest.approx(milp.model_cost, abs=TOL)
@@ -71,7 +58,7 @@ def test_cpsat_matches_milp_and_exhaustive_search(case):
     assert cpsat.bound == pytest.approx(cpsat.model_cost, abs=TOL)
 
     result = solve_cpsat(graph, budget, CPSAT)
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.OPTIMAL, SolveStatus.HEURISTIC)
     assert result.objective <= cpsat.model_cost + TOL
 
@@ -85,7 +72,7 @@ def test_budgets_below_the_minimum_are_infeasible_for_both(seed, n_forward):
     assert solve_cpsat_model(graph, smallest, CPSAT).status is SolveStatus.OPTIMAL
     assert solve_cpsat_model(graph, smallest - 1, CPSAT).status is SolveStatus.INFEASIBLE
     assert solve_milp_model(graph, smallest - 1, HIGHS).status is SolveStatus.INFEASIBLE
-    budget = min(smallest, *_peaks(graph)) - 1
+    budget = min(smallest, *store_and_lean_peaks(graph)) - 1
     for solve, options in ((solve_cpsat, CPSAT), (solve_milp, HIGHS)):
         with pytest.raises(InfeasibleBudgetError) as info:
             solve(graph, budget, options)
@@ -94,8 +81,8 @@ def test_budgets_below_the_minimum_are_infeasible_for_both(seed, n_forward):
 
 def test_store_all_fitting_is_optimal_at_once():
     graph = random_graph(1, 5)
-    result = solve_cpsat(graph, _peaks(graph)[0], CPSAT)
-    _check(graph, _peaks(graph)[0], result)
+    result = solve_cpsat(graph, store_and_lean_peaks(graph)[0], CPSAT)
+    check_exact_result(graph, store_and_lean_peaks(graph)[0], result)
     assert result.status is SolveStatus.OPTIMAL
     assert result.objective == pytest.approx(graph.base_cost)
 
@@ -111,7 +98,7 @@ def test_same_inputs_give_the_same_schedule():
 
 def test_warm_started_time_limited_solve_is_never_worse_than_its_hint():
     graph = chain(12)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
     hint = recompute_all_schedule(graph)
     assert simulate(graph, hint).peak_bytes <= budget
@@ -128,22 +115,22 @@ def test_warm_started_time_limited_solve_is_never_worse_than_its_hint():
     assert sim.peak_bytes <= budget
     assert sim.total_cost <= hinted_cost + TOL
     result = solve_cpsat(graph, budget, quick)
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.objective <= hinted_cost + TOL
 
 
 def test_large_byte_counts_are_scaled_conservatively():
     """Megabyte values with an odd byte: the unit rounds every count up, the budget down."""
     graph = chain(6, sizes=[10**9 + 1, 3 * 10**9, 10**9 + 7, 2 * 10**9, 10**9, 10**9 + 3])
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     for budget in (lean, (store + lean) // 2, store - 1):
         result = solve_cpsat(graph, budget, CPSAT)
-        _check(graph, budget, result)
+        check_exact_result(graph, budget, result)
 
 
 def test_registered_and_verbose_progress(capsys):
     graph = chain(5)
     budget = min_feasible_budget(graph) + 2
     result = get_solver("cpsat")(graph, budget, SolverOptions(time_limit_s=10, verbose=True))
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert "incumbent" in capsys.readouterr().out

@@ -4,10 +4,19 @@ simulator as the judge of every schedule it returns."""
 import importlib.util
 
 import pytest
+from graphs import (
+    B,
+    F,
+    chain,
+    check_exact_result,
+    op,
+    random_graph,
+    store_and_lean_peaks,
+    tiny_chain,
+)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from graphs import F, B, chain, op, random_graph, tiny_chain
 from optimizer.graph import Node, NodeKind, RematGraph
 from optimizer.schedule import Schedule
 from optimizer.simulator import simulate
@@ -17,7 +26,7 @@ from solvers.base import (
     SolverUnavailableError,
     SolveStatus,
 )
-from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import MAX_VALUES, min_feasible_budget, solve_brute_force
 from solvers.milp import model_size, solve_milp, solve_milp_model
 
@@ -31,19 +40,6 @@ def _values(graph: RematGraph) -> int:
     return len(graph.ops) + len(graph.tangents)
 
 
-def _peaks(graph: RematGraph) -> tuple[int, int]:
-    return (simulate(graph, store_all_schedule(graph)).peak_bytes,
-            simulate(graph, recompute_all_schedule(graph)).peak_bytes)
-
-
-def _check(graph: RematGraph, budget: int, result) -> None:
-    """The result's schedule runs, fits, and costs what the result says."""
-    assert result.schedule is not None
-    sim = simulate(graph, result.schedule)
-    assert sim.peak_bytes <= budget
-    assert result.objective == pytest.approx(sim.total_cost, abs=TOL)
-    if result.bound is not None:
-        assert result.bound <= result.objective + TOL
 
 
 def _dropout_graph() -> RematGraph:
@@ -68,7 +64,7 @@ def _dropout_graph() -> RematGraph:
 def graph_and_budget(draw):
     graph = random_graph(draw(st.integers(0, 10_000)), draw(st.integers(4, 6)))
     assume(_values(graph) <= 15)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = draw(st.integers(min(store, lean), max(store, lean)))
     return graph, budget
 
@@ -92,7 +88,7 @@ def test_milp_model_matches_exhaustive_search(case):
     assert model.bound == pytest.approx(model.model_cost, abs=TOL)
 
     result = solve_milp(graph, budget, CBC)
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.status is SolveStatus.OPTIMAL
     # from_computes only drops computations nobody reads: never dearer than the model.
     assert result.objective <= model.model_cost + TOL
@@ -103,7 +99,7 @@ def test_milp_model_matches_exhaustive_search(case):
 def test_every_milp_schedule_passes_the_simulator(case):
     graph, budget = case
     result = solve_milp(graph, budget, CBC)
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.OPTIMAL, SolveStatus.HEURISTIC)
     counts = result.schedule.compute_counts()
     for node in graph.ops:
@@ -133,14 +129,14 @@ def test_model_is_exact_at_the_smallest_feasible_budget(seed, n_forward):
 def test_budgets_below_the_minimum_raise(seed, n_forward):
     graph = random_graph(seed, n_forward)
     assume(_values(graph) <= 14)
-    budget = min(min_feasible_budget(graph), *_peaks(graph)) - 1
+    budget = min(min_feasible_budget(graph), *store_and_lean_peaks(graph)) - 1
     with pytest.raises(InfeasibleBudgetError) as info:
         solve_milp(graph, budget, CBC)
     assert info.value.budget_bytes == budget
     assert info.value.smallest_feasible_bytes is not None
     assert info.value.smallest_feasible_bytes > budget
     # ... and that budget is feasible indeed.
-    _check(graph, info.value.smallest_feasible_bytes,
+    check_exact_result(graph, info.value.smallest_feasible_bytes,
            solve_milp(graph, info.value.smallest_feasible_bytes, CBC))
 
 
@@ -153,7 +149,7 @@ def test_any_order_search_is_a_lower_bound(case):
     assume(_values(graph) <= 13)
     result = solve_milp(graph, budget, CBC)
     free_order = solve_brute_force(graph, budget, CBC, space="free")
-    _check(graph, budget, free_order)
+    check_exact_result(graph, budget, free_order)
     assert free_order.objective <= result.objective + TOL
 
 
@@ -161,12 +157,12 @@ def test_any_order_search_is_a_lower_bound(case):
 @pytest.mark.parametrize("length", [4, 5, 6])
 def test_chain_objective_is_monotone_in_the_budget(length):
     graph = chain(length)
-    store, _ = _peaks(graph)
+    store, _ = store_and_lean_peaks(graph)
     low = min_feasible_budget(graph)
     previous = None
     for budget in range(low, store + 1, 3):
         result = solve_milp(graph, budget, CBC)
-        _check(graph, budget, result)
+        check_exact_result(graph, budget, result)
         if previous is not None:
             assert result.objective <= previous + TOL
         previous = result.objective
@@ -176,7 +172,7 @@ def test_chain_objective_is_monotone_in_the_budget(length):
 @pytest.mark.parametrize("length", [3, 5])
 def test_chain_matches_exhaustive_search(length):
     graph = chain(length)
-    store, _ = _peaks(graph)
+    store, _ = store_and_lean_peaks(graph)
     for budget in range(min_feasible_budget(graph), store + 1, 2):
         exact = solve_brute_force(graph, budget, CBC)
         model = solve_milp_model(graph, budget, CBC)
@@ -188,32 +184,32 @@ def test_tight_budgets_cost_recomputation_on_a_chain():
     graph = chain(4)
     low = min_feasible_budget(graph)
     result = solve_milp(graph, low, CBC)
-    _check(graph, low, result)
+    check_exact_result(graph, low, result)
     assert result.objective > graph.base_cost  # tight budgets cost recomputation
-    assert solve_milp(graph, _peaks(graph)[0], CBC).objective == graph.base_cost
+    assert solve_milp(graph, store_and_lean_peaks(graph)[0], CBC).objective == graph.base_cost
 
 
 def test_large_byte_counts_are_scaled_safely():
     """Megabyte-sized values: the model works in scaled units with a safety margin."""
     small, large = chain(6), chain(6, size=10**7)
     for graph in (small, large):
-        store, lean = _peaks(graph)
+        store, lean = store_and_lean_peaks(graph)
         budget = (store + lean) // 2
         result = solve_milp(graph, budget, CBC)
-        _check(graph, budget, result)
+        check_exact_result(graph, budget, result)
         assert result.status is SolveStatus.OPTIMAL
     # Same shape, same trade-off: the large chain's middle budget buys the same recomputation.
-    assert (solve_milp(large, sum(_peaks(large)) // 2, CBC).objective
-            == solve_milp(small, sum(_peaks(small)) // 2, CBC).objective)
+    assert (solve_milp(large, sum(store_and_lean_peaks(large)) // 2, CBC).objective
+            == solve_milp(small, sum(store_and_lean_peaks(small)) // 2, CBC).objective)
 
 
 # ---------------------------------------------------------------- store-all fits
 @pytest.mark.parametrize("graph", [tiny_chain(), chain(5), random_graph(3, 6), _dropout_graph()],
                          ids=["tiny_chain", "chain5", "random3", "dropout"])
 def test_store_all_fitting_returns_zero_extra_cost(graph):
-    store, _ = _peaks(graph)
+    store, _ = store_and_lean_peaks(graph)
     result = solve_milp(graph, store, CBC)
-    _check(graph, store, result)
+    check_exact_result(graph, store, result)
     assert result.status is SolveStatus.OPTIMAL
     assert simulate(graph, result.schedule).extra_cost == 0
     assert result.bound == result.objective
@@ -222,12 +218,12 @@ def test_store_all_fitting_returns_zero_extra_cost(graph):
 # ------------------------------------------------------------- run-once and siblings
 def test_random_op_runs_once_and_siblings_are_computed_together():
     graph = _dropout_graph()
-    store, _ = _peaks(graph)
+    store, _ = store_and_lean_peaks(graph)
     low = min_feasible_budget(graph)
     assert low < store
     for budget in range(low, store):
         result = solve_milp(graph, budget, CBC)
-        _check(graph, budget, result)
+        check_exact_result(graph, budget, result)
         exact = solve_brute_force(graph, budget, CBC)
         model = solve_milp_model(graph, budget, CBC)
         assert model.model_cost == pytest.approx(exact.objective, abs=TOL)
@@ -239,10 +235,10 @@ def test_random_op_runs_once_and_siblings_are_computed_together():
 # ---------------------------------------------------------------- statuses and options
 def test_time_limit_returns_a_schedule_with_a_bound():
     graph = chain(16)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
     result = solve_milp(graph, budget, SolverOptions(backend="cbc", time_limit_s=1))
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.FEASIBLE, SolveStatus.OPTIMAL)
     assert result.bound is not None and result.bound >= graph.base_cost - TOL
     lean_cost = simulate(graph, recompute_all_schedule(graph)).total_cost
@@ -251,7 +247,7 @@ def test_time_limit_returns_a_schedule_with_a_bound():
 
 def test_same_inputs_give_the_same_schedule():
     graph = random_graph(11, 6)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
     first = solve_milp(graph, budget, CBC)
     second = solve_milp(graph, budget, CBC)
@@ -267,7 +263,7 @@ def _highs_available() -> bool:
 
 def test_auto_backend_prefers_highs():
     graph = chain(4)
-    solution = solve_milp_model(graph, _peaks(graph)[1], SolverOptions())
+    solution = solve_milp_model(graph, store_and_lean_peaks(graph)[1], SolverOptions())
     assert solution.backend == ("highs" if _highs_available() else "cbc")
 
 
@@ -275,23 +271,23 @@ def test_auto_backend_prefers_highs():
 @pytest.mark.parametrize("seed", [1, 3, 7, 12])
 def test_highs_backend_matches_exhaustive_search(seed):
     graph = random_graph(seed, 5)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
     highs = SolverOptions(backend="highs", time_limit_s=60)
     model = solve_milp_model(graph, budget, highs)
     exact = solve_brute_force(graph, budget, highs)
     assert model.status is SolveStatus.OPTIMAL
     assert model.model_cost == pytest.approx(exact.objective, abs=TOL)
-    _check(graph, budget, solve_milp(graph, budget, highs))
+    check_exact_result(graph, budget, solve_milp(graph, budget, highs))
 
 
 @pytest.mark.skipif(not _highs_available(), reason="highspy is not installed")
 def test_highs_time_limit_keeps_the_mip_start():
     graph = chain(16)
-    store, lean = _peaks(graph)
+    store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
     result = solve_milp(graph, budget, SolverOptions(backend="highs", time_limit_s=0.5))
-    _check(graph, budget, result)
+    check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.FEASIBLE, SolveStatus.OPTIMAL)
 
 
@@ -300,18 +296,18 @@ def test_highs_backend_needs_highspy():
         pytest.skip("highspy is installed")
     graph = chain(4)
     with pytest.raises(SolverUnavailableError, match="pip install highspy"):
-        solve_milp(graph, _peaks(graph)[1], SolverOptions(backend="highs"))
+        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(backend="highs"))
 
 
 def test_unknown_backend_is_rejected():
     graph = chain(4)
     with pytest.raises(ValueError, match="back-end"):
-        solve_milp(graph, _peaks(graph)[1], SolverOptions(backend="gurobi"))
+        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(backend="gurobi"))
 
 
 def test_model_size_is_quadratic_in_the_groups():
     graph = chain(8)
-    size = model_size(graph, _peaks(graph)[1])
+    size = model_size(graph, store_and_lean_peaks(graph)[1])
     groups = len(graph.groups)
     assert size["R"] <= groups * (groups - 1) // 2
     assert size["U"] <= groups * (groups + 1) // 2
@@ -328,5 +324,5 @@ def test_brute_force_schedule_is_explicit_and_simulated():
     graph = tiny_chain()
     result = solve_brute_force(graph, 231, CBC)
     assert isinstance(result.schedule, Schedule)
-    _check(graph, 231, result)
+    check_exact_result(graph, 231, result)
     assert result.objective == graph.base_cost
