@@ -5,6 +5,8 @@ Matmuls are FLOP-bound, pointwise ops and copies are bound by the bytes they rea
 recomputing a cheap-but-large op is not free. ``flops`` prices ops at a nominal device;
 ``roofline:<device>`` at a known GPU's datasheet numbers (`frontends.devices`), so a plan for a
 GPU can be made on a laptop; ``profile`` stands for measured times (`frontends.profile`).
+``flop-count`` is not a roofline: it prices an op by the FLOPs torch's ``FlopCounterMode``
+counts, so pointwise recomputation is (nearly) free, for users whose budget is FLOPs, not time.
 """
 
 from __future__ import annotations
@@ -31,11 +33,19 @@ class CostModel:
     measured: bool = False
     """Costs are measured after capture (``profile``): `seconds` is only the nominal estimate the
     graph carries until `frontends.profile.profiled_graph` replaces it."""
+    bytes_weight: float | None = None
+    """None: a roofline. A number: FLOP-count pricing, ``FLOPs / peak + bytes_weight * bytes /
+    bandwidth``, where the small byte term only breaks ties between ops with no counted FLOPs."""
 
     def seconds(self, flops: float, bytes_moved: float) -> float:
+        if self.bytes_weight is not None:
+            return flops / self.peak_flops + self.bytes_weight * bytes_moved / self.bandwidth
         return max(flops / self.peak_flops, bytes_moved / self.bandwidth)
 
     def describe(self) -> str:
+        if self.bytes_weight is not None:
+            return (f"{self.name} (FLOPs / {self.peak_flops:.3g} FLOP/s, counted as FlopCounterMode "
+                    f"counts them, + {self.bytes_weight:g} x bytes / {self.bandwidth:.3g} B/s to break ties)")
         if self.measured:
             return f"{self.name} (per-op times measured on the device the module lives on)"
         return f"{self.name} (max(FLOPs / {self.peak_flops:.3g} FLOP/s, bytes / {self.bandwidth:.3g} B/s))"
@@ -43,6 +53,11 @@ class CostModel:
 
 FLOPS_MODEL = CostModel(name="flops", peak_flops=1e12, bandwidth=1e11)
 """Nominal device: 1 TFLOP/s dense, 100 GB/s memory (a ratio of 10 FLOPs per byte)."""
+
+FLOP_COUNT_MODEL = CostModel(name="flop-count", peak_flops=FLOPS_MODEL.peak_flops,
+                             bandwidth=FLOPS_MODEL.bandwidth, bytes_weight=1e-3)
+"""Minimizes counted FLOPs (matmuls, convolutions, attention): a pointwise op costs a
+thousandth of its memory time, so among FLOP-free recomputations the lighter ones win."""
 
 PROFILE_MODEL = CostModel(name="profile", peak_flops=FLOPS_MODEL.peak_flops,
                           bandwidth=FLOPS_MODEL.bandwidth, measured=True)
@@ -70,15 +85,17 @@ def roofline_model(device: str, dtype: torch.dtype = torch.float32, *, tf32: boo
 
 
 def cost_model_from_name(name: str, *, dtype: torch.dtype = torch.float32, tf32: bool = False) -> CostModel:
-    """'flops', 'roofline:<device>' (a key of `frontends.devices.DEVICES`) or 'profile'."""
+    """'flops', 'flop-count', 'roofline:<device>' (a key of `frontends.devices.DEVICES`) or 'profile'."""
     key = name.strip().lower()
     if key == FLOPS_MODEL.name:
         return FLOPS_MODEL
+    if key == FLOP_COUNT_MODEL.name:
+        return FLOP_COUNT_MODEL
     if key == PROFILE_MODEL.name:
         return PROFILE_MODEL
     if key.startswith("roofline:"):
         return roofline_model(key.removeprefix("roofline:"), dtype, tf32=tf32)
-    known = ["flops", "profile", *(f"roofline:{d}" for d in sorted(DEVICES))]
+    known = ["flops", "flop-count", "profile", *(f"roofline:{d}" for d in sorted(DEVICES))]
     raise ValueError(f"unknown cost model {name!r}: choose one of {', '.join(known)}")
 
 

@@ -73,7 +73,9 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                              "allocator rounding, and NAME's memory as the default budget "
                              "(h100, h200, a100-80gb, a100-40gb, l4, rtx4090, v100, t4, cpu-nominal)")
     parser.add_argument("--cost-model", metavar="MODEL",
-                        help="flops (default), roofline:<device>, or profile (time each op here)")
+                        help="flops (default: time on a nominal roofline), flop-count (minimize counted "
+                             "FLOPs, as FlopCounterMode counts them), roofline:<device>, or profile "
+                             "(time each op here)")
     parser.add_argument("--measure", action="store_true",
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")

@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from frontends.capture import capture
 from frontends.costs import (
-    FLOPS_MODEL, PROFILE_MODEL, CostModel, cost_model_from_name, model_dtype, op_bytes_moved,
+    FLOP_COUNT_MODEL, FLOPS_MODEL, PROFILE_MODEL, CostModel, cost_model_from_name, model_dtype, op_bytes_moved,
     op_flops, roofline_model,
 )
 from frontends.devices import DEVICES, PRECISIONS, get_device
@@ -90,8 +90,19 @@ def test_pointwise_time_is_bytes_over_bandwidth(add_node: torch.fx.Node) -> None
     assert _time(FLOPS_MODEL, add_node) == pytest.approx(3 * FLOAT_BYTES / 1e11, rel=1e-12)
 
 
+def test_flop_count_prices_pointwise_at_a_tie_break(mm_node: torch.fx.Node, add_node: torch.fx.Node) -> None:
+    # A matmul costs its counted FLOPs (plus a thousandth of its memory time); the add, which
+    # FlopCounterMode counts as 0 FLOPs, costs only that thousandth: recomputing it is nearly free.
+    mm_time = _time(FLOP_COUNT_MODEL, mm_node)
+    assert mm_time == pytest.approx(op_flops(mm_node) / 1e12 + 1e-3 * 3 * FLOAT_BYTES / 1e11, rel=1e-12)
+    assert _time(FLOP_COUNT_MODEL, add_node) == pytest.approx(1e-3 * 3 * FLOAT_BYTES / 1e11, rel=1e-12)
+    assert _time(FLOP_COUNT_MODEL, add_node) < 1e-3 * _time(FLOPS_MODEL, add_node) * 1.0001
+    assert "FlopCounterMode" in FLOP_COUNT_MODEL.describe()
+
+
 def test_cost_model_lookup_by_name() -> None:
     assert cost_model_from_name("flops") is FLOPS_MODEL
+    assert cost_model_from_name("Flop-Count") is FLOP_COUNT_MODEL
     assert cost_model_from_name("profile") is PROFILE_MODEL and PROFILE_MODEL.measured
     model = cost_model_from_name("roofline:A100-40GB", dtype=torch.float16)
     assert model == CostModel(name="roofline:a100-40gb", peak_flops=312e12, bandwidth=1555e9)
