@@ -27,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
+from frontends.export_passes import check_grad_outputs, detach_gradient_free_outputs, drop_identity_dropouts
 from frontends.fakify import fakify_meta, has_meta_tensors
 from optimizer.graph import Node, NodeKind, Phase, RematGraph
 
@@ -48,6 +49,8 @@ class CapturedStep:
     param_names: tuple[str, ...]
     buffer_names: tuple[str, ...]
     cost_model: CostModel
+    gradient_free_outputs: tuple[int, ...] = ()
+    """Flat positions of the outputs planned without a gradient (see `frontends.export_passes`)."""
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -59,9 +62,16 @@ def capture(
     args: tuple,
     kwargs: dict | None = None,
     cost_model: CostModel = FLOPS_MODEL,
+    grad_outputs: str = "losses",
 ) -> CapturedStep:
-    """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`."""
+    """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
+
+    ``grad_outputs="losses"`` (default): a model that returns a scalar loss next to other
+    outputs is planned for ``loss.backward()``, the others get no gradient (a gradient that
+    reaches them at run time raises); ``"all"``: backward may start from every output.
+    """
     kwargs = dict(kwargs or {})
+    check_grad_outputs(grad_outputs)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
     if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
@@ -75,10 +85,13 @@ def capture(
             exported = torch.export.export(model, tuple(args), kwargs, strict=False)
         except Exception as err:  # re-raised with the user's line, not torch's internals
             raise CaptureError(_explain_trace_failure(err)) from err
+        forward = exported.module()
+        drop_identity_dropouts(forward)
+        gradient_free = detach_gradient_free_outputs(forward, grad_outputs)
         with contextlib.ExitStack() as stack:
             try:
                 joint = aot_export_joint_with_descriptors(
-                    stack, exported.module(), tuple(args), kwargs, _record_nn_module_stack=True
+                    stack, forward, tuple(args), kwargs, _record_nn_module_stack=True
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
@@ -91,6 +104,7 @@ def capture(
         param_names=tuple(joint.params_spec),
         buffer_names=tuple(joint.buffers_spec),
         cost_model=cost_model,
+        gradient_free_outputs=gradient_free,
     )
 
 

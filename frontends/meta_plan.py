@@ -56,6 +56,7 @@ def plan_without_hardware(
     verbose: bool = False,
     name: str = "model",
     allocator=None,
+    grad_outputs: str = "losses",
 ) -> MetaPlan:
     """Capture ``model`` on shapes alone and plan it for ``budget`` (report only).
 
@@ -64,6 +65,7 @@ def plan_without_hardware(
     and dtypes, on any device (moved to meta). ``cost_model``: ``flops`` or
     ``roofline:<device>`` (``profile`` would have to run the ops). ``allocator``: an
     `optimizer.allocator.AllocatorModel` for a CUDA device's rounding and margins.
+    ``grad_outputs``: as in `optimizer.optimize`.
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_map
@@ -82,7 +84,7 @@ def plan_without_hardware(
     inputs = tuple(example_inputs) if fake else tree_map(_to_meta, tuple(example_inputs))
     costs = cost_model_from_name(cost_model, dtype=model_dtype(module))
     start = time.perf_counter()
-    captured = capture(module, inputs, cost_model=costs)
+    captured = capture(module, inputs, cost_model=costs, grad_outputs=grad_outputs)
     capture_s = time.perf_counter() - start
     options = SolverOptions(time_limit_s=time_limit, verbose=verbose)
     fx_nodes = len(captured.gm.graph.nodes)

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from frontends.capture import CapturedStep
+from frontends.export_passes import guard_gradient_free
 from frontends.rewrite import partition_by_schedule
 from optimizer.plan import Plan
 
@@ -61,6 +62,7 @@ class RematModule(torch.nn.Module):
         self.plan = plan
         self._param_names = captured.param_names
         self._buffer_names = captured.buffer_names
+        self._gradient_free_outputs = captured.gradient_free_outputs
         self._signature = _signature((tuple(example_args), dict(example_kwargs or {})))
         self._param_signature = self._current_param_signature()
         graphs: dict[str, torch.fx.GraphModule] = {}
@@ -108,7 +110,11 @@ class RematModule(torch.nn.Module):
         self._check(args, kwargs)
         tensors = [self.model.get_parameter(n) for n in self._param_names]
         tensors += [self.model.get_buffer(n) for n in self._buffer_names]
-        return self._compiled(*tensors, *args, **kwargs)
+        outputs = self._compiled(*tensors, *args, **kwargs)
+        if not self._gradient_free_outputs:
+            return outputs
+        flat, spec = tree_flatten(outputs)
+        return tree_unflatten(guard_gradient_free(flat, self._gradient_free_outputs), spec)
 
     def _current_param_signature(self) -> list:
         tensors = [self.model.get_parameter(n) for n in self._param_names]

@@ -24,6 +24,7 @@ def optimize(
     cost_model: str = "flops",
     allocator: AllocatorModel | None = None,
     backend: str = "auto",
+    grad_outputs: str = "losses",
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -37,13 +38,16 @@ def optimize(
     ``rm.plan`` says what was decided and predicted. ``cost_model`` is ``flops``,
     ``roofline:<device>`` (see `frontends.devices`) or ``profile`` (measured on the device the
     model lives on); ``allocator`` adds a CUDA allocator's rounding and margins to the peaks.
+    ``grad_outputs="losses"`` plans a model that returns a scalar loss next to other outputs
+    (``(loss, logits)``) for ``loss.backward()``: the other outputs carry no gradient, as under
+    plain autograd, and backward through them raises; ``"all"`` plans backward from every output.
     """
     from frontends.remat_module import RematModule
 
     example_inputs = _as_tuple(example_inputs)
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend)
     captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
-                                       options, cost_model, allocator)
+                                       options, cost_model, allocator, grad_outputs)
     return RematModule(model, captured, plan, example_inputs, example_kwargs)
 
 
@@ -53,18 +57,18 @@ def _as_tuple(example_inputs) -> tuple:
 
 def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
                       solver: str, options: SolverOptions, cost_model: str,
-                      allocator: AllocatorModel | None):
+                      allocator: AllocatorModel | None, grad_outputs: str = "losses"):
     """Capture the step and plan it; a malformed budget fails before the (slow) capture."""
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
         parse_bytes(budget)
-    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs)
     plan = plan_graph(captured.graph, budget, solver, options,
                       graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
     return captured, plan
 
 
 def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None,
-                       cost_model: str = "flops"):
+                       cost_model: str = "flops", grad_outputs: str = "losses"):
     """Capture the step and cost its ops under ``cost_model`` (profiling runs them once)."""
     import dataclasses
 
@@ -73,7 +77,8 @@ def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kw
     from frontends.profile import profiled_graph
 
     model_costs = cost_model_from_name(cost_model, dtype=model_dtype(model))
-    captured = capture(model, tuple(example_inputs), example_kwargs, cost_model=model_costs)
+    captured = capture(model, tuple(example_inputs), example_kwargs, cost_model=model_costs,
+                       grad_outputs=grad_outputs)
     if model_costs.measured:
         graph = profiled_graph(captured, model, tuple(example_inputs), example_kwargs)
         captured = dataclasses.replace(captured, graph=graph)
@@ -93,8 +98,9 @@ def plan_only(
     cost_model: str = "flops",
     allocator: AllocatorModel | None = None,
     backend: str = "auto",
+    grad_outputs: str = "losses",
 ) -> Plan:
     """The plan `optimize` would make, without building the module (what-if use)."""
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, backend=backend)
     return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
-                             options, cost_model, allocator)[1]
+                             options, cost_model, allocator, grad_outputs)[1]

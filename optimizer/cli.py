@@ -76,6 +76,10 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="flops (default: time on a nominal roofline), flop-count (minimize counted "
                              "FLOPs, as FlopCounterMode counts them), roofline:<device>, or profile "
                              "(time each op here)")
+    parser.add_argument("--grad-outputs", choices=("losses", "all"), default="losses",
+                        help="losses (default): a model returning a scalar loss next to other "
+                             "outputs is planned for loss.backward(); all: backward may start "
+                             "from every output")
     parser.add_argument("--measure", action="store_true",
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace) -> str:
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
-                          backend=args.backend)
+                          backend=args.backend, grad_outputs=args.grad_outputs)
     plan = module.plan
     measured = None
     if args.measure:
@@ -247,7 +251,8 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
     with _planning_errors(budget):
         planned = plan_without_hardware(model, inputs, budget, solver=solver,
                                         time_limit=args.time_limit, cost_model=cost_model,
-                                        verbose=args.verbose, name=args.model, allocator=allocator)
+                                        verbose=args.verbose, name=args.model, allocator=allocator,
+                                        grad_outputs=args.grad_outputs)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"generated_by": "remat-opt", "model": args.model, **planned.plan.to_json()},
