@@ -12,6 +12,7 @@ Every solver's schedule is simulated before it is used or reported.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from optimizer.graph import NodeKind, Phase, RematGraph
@@ -46,8 +47,18 @@ class SimulationResult:
     """Live bytes after each step (same length as ``schedule.steps``)."""
 
 
-def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
-    """Walk the schedule; raise InvalidScheduleError on the first rule it breaks."""
+StepObserver = Callable[[int, int, "set[str]", int], None]
+"""``observe(index, live_bytes, live, width)``: called at the boundary (``index`` = the first
+backward step, ``width`` 0, after the tangents arrive), after each free (``width`` 1, bytes left)
+and during each compute (``width`` = its siblings, bytes while it runs, temporaries included).
+``live`` is the simulator's own set: read it, do not keep or change it."""
+
+
+def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None = None) -> SimulationResult:
+    """Walk the schedule; raise InvalidScheduleError on the first rule it breaks.
+
+    ``observe`` sees the live bytes and values at every step (`optimizer.timeline` draws the
+    curve with it), so nothing else has to re-walk a schedule to know what is live when."""
     live: set[str] = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
     live_bytes = graph.resident_bytes
     peak, peak_step, peak_phase, peak_node = live_bytes, -1, Phase.FORWARD, ""
@@ -79,6 +90,8 @@ def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
                 live_bytes += graph[t].bytes
             if live_bytes > peak:
                 peak, peak_step, peak_phase, peak_node = live_bytes, -1, Phase.BACKWARD, ""
+            if observe is not None:
+                observe(i, live_bytes, live, 0)
         if i == len(steps):
             break
         step = steps[i]
@@ -96,6 +109,8 @@ def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
             live.discard(step.node)
             live_bytes -= node.bytes
             curve.append(live_bytes)
+            if observe is not None:
+                observe(i, live_bytes, live, 1)
             i += 1
             continue
         # A compute step runs the whole op: all siblings must follow, in order.
@@ -135,6 +150,8 @@ def simulate(graph: RematGraph, schedule: Schedule) -> SimulationResult:
         total_cost += node.cost
         total_flops += node.flops
         curve.extend([live_bytes] * len(members))
+        if observe is not None:
+            observe(i, during, live, len(members))
         i += len(members)
 
     missing = [o for o in (*graph.backward_outputs, *graph.user_outputs) if o not in live]
