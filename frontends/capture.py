@@ -27,7 +27,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
-from frontends.export_passes import check_grad_outputs, detach_gradient_free_outputs, drop_identity_dropouts
+from frontends.data_parallel import check_no_sharded_submodules
+from frontends.export_passes import (
+    check_grad_outputs,
+    detach_gradient_free_outputs,
+    drop_identity_dropouts,
+)
 from frontends.fakify import fakify_meta, has_meta_tensors
 from optimizer.graph import Node, NodeKind, Phase, RematGraph
 
@@ -74,6 +79,7 @@ def capture(
     check_grad_outputs(grad_outputs)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
+    check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
     if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
         try:
             model, args, kwargs = fakify_meta(model, tuple(args), kwargs)
@@ -264,6 +270,9 @@ def build_remat_graph(
             backward_nodes.add(node.name)
             backward_nodes.update(g.name for g in getitems.get(node.name, []))
         phase = Phase.BACKWARD if _is_backward(node, backward_nodes) else Phase.FORWARD
+        if phase is Phase.BACKWARD:  # its readers run in backward too (tagged or not)
+            backward_nodes.add(node.name)
+            backward_nodes.update(g.name for g in getitems.get(node.name, []))
         seq = node.meta.get("seq_nr")
         module = _module_path(node)
         if phase is Phase.FORWARD and seq is not None and module:

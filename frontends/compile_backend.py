@@ -8,14 +8,22 @@ plan's forward and backward (`frontends.rewrite.partition_by_schedule`). The gra
 Inductor, where our partitioner is Inductor's ``custom_partitioner_fn`` (so Inductor's joint-graph
 passes run first and we plan the graph it compiles), or to eager fx code (``compiler="eager"``).
 
+Inductor fuses pointwise ops and reuses buffers, so the plan's peak (unfused aten ops) bounds the
+compiled step from above; as Inductor compiles each half, the backend reads the buffer plan of
+the code it generated (`frontends.inductor_memory`) and records the compiled step's own peak in
+``GraphPlan.compiled_peak`` (and in the graph's footprint, so `summary` uses it).
+
 Graph breaks give several graphs per step; `frontends.graph_budget` says how the step's budget is
 shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
-second graph, the exact mode. Every plan made is kept in ``backend.plans``.
+second graph, the exact mode. Every plan made is kept in ``backend.plans``. An error of remat-opt's
+(a budget too small, a graph break under ``fullgraph``) reaches the caller as itself, not wrapped
+in dynamo's ``BackendCompilerFailed`` (`frontends.compile_errors`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -23,25 +31,38 @@ from typing import Any
 import torch
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
+from frontends.compile_errors import own_error_to_raise, planning_errors
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
+from frontends.dynamo_joint import (
+    graph_footprint,
+    mark_parameters,
+    tag_inserted_backward_nodes,
+)
 from frontends.graph_budget import (
     GraphFootprint,
     StepBudgetSummary,
     graph_budget,
     summarize,
 )
+from frontends.inductor_memory import (
+    CompiledPeak,
+    WrapperMemoryPlan,
+    predict_compiled_peak,
+    recording_wrapper_plans,
+)
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
 from optimizer.allocator import AllocatorModel
 from optimizer.budget import parse_bytes, resolve_budget
-from optimizer.graph import NodeKind, RematGraph
+from optimizer.graph import RematGraph
 from optimizer.plan import Plan
 from optimizer.planner import plan_graph
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 
 COMPILERS = ("auto", "inductor", "eager")
+_PLAN_KEY = "remat_opt_compile_id"
 
 
 class GraphBreakError(RuntimeError):
@@ -62,6 +83,17 @@ class GraphPlan:
     graph: RematGraph = dataclasses.field(repr=False, compare=False)
     forward_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
     backward_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
+    compiled_peak: CompiledPeak | None = None
+    """Inductor: the step's peak predicted from the buffer plans of the compiled forward and
+    backward (fusion and buffer reuse included); ``footprint.peak_bytes`` is this then. None
+    with the eager compiler (its peak is ``plan.predicted_peak_bytes``) and until both halves
+    are compiled."""
+    inductor_forward: WrapperMemoryPlan | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The peak of this graph's step as compiled: Inductor-aware when Inductor compiled it."""
+        return self.compiled_peak.predicted_peak_bytes if self.compiled_peak else self.plan.predicted_peak_bytes
 
 
 def inductor_available() -> bool:
@@ -113,18 +145,57 @@ class RematBackend:
     # -------------------------------------------------------------- dynamo entry
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         self.graphs_received += 1
+        try:
+            return self._compile(gm, example_inputs)
+        except Exception as err:  # a bad budget reads as itself, not as a compiler crash
+            own = own_error_to_raise(err, inspect.currentframe())
+            if own is None:
+                raise
+            raise own from None
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         if self.compiler == "inductor":
             from torch._functorch import config as functorch_config
             from torch._inductor.compile_fx import compile_fx
 
             # No cache: a cached graph would skip planning (no plan in `plans`, no budget split).
             with functorch_config.patch(enable_autograd_cache=False):
-                return compile_fx(gm, example_inputs, config_patches={
+                return compile_fx(gm, example_inputs, inner_compile=self._inductor_inner, config_patches={
                     "custom_partitioner_fn": self.partitioner(), "fx_graph_cache": False})
         from torch._dynamo.backends.common import aot_autograd
 
         return aot_autograd(fw_compiler=self._eager("forward"), bw_compiler=self._eager("backward"),
                             partition_fn=self.partition)(gm, example_inputs)
+
+    def _inductor_inner(self, gm: torch.fx.GraphModule, example_inputs, *args: Any, **kwargs: Any):
+        """Inductor's ``compile_fx_inner`` for the planned forward or backward, recording the
+        buffer plan of the wrapper it generates; once both halves are in, the plan gets its
+        Inductor-aware peak (`frontends.inductor_memory`)."""
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        recorded: list[WrapperMemoryPlan] = []
+        with recording_wrapper_plans(recorded):
+            compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
+        if recorded:
+            self._attach_wrapper_plan(gm, recorded[-1])
+        return compiled
+
+    def _attach_wrapper_plan(self, gm: torch.fx.GraphModule, wrapper_plan: WrapperMemoryPlan) -> None:
+        compile_id = gm.meta.get(_PLAN_KEY)
+        index = next((i for i, p in enumerate(self.plans) if p.compile_id == compile_id), None)
+        if index is None:  # not a graph this backend partitioned (nothing to predict)
+            return
+        planned = self.plans[index]
+        if not wrapper_plan.is_backward:
+            self.plans[index] = dataclasses.replace(planned, inductor_forward=wrapper_plan)
+        elif planned.inductor_forward is not None:
+            try:
+                compiled = predict_compiled_peak(planned.inductor_forward, wrapper_plan,
+                                                 planned.graph.resident_bytes)
+            except ValueError:  # halves that do not pair up: keep the plan's own peak
+                return
+            footprint = dataclasses.replace(planned.footprint, peak_bytes=compiled.predicted_peak_bytes)
+            self.plans[index] = dataclasses.replace(planned, compiled_peak=compiled, footprint=footprint)
 
     def _eager(self, role: str):
         def compiler(gm: torch.fx.GraphModule, example_inputs) -> Any:
@@ -135,7 +206,14 @@ class RematBackend:
     def partition(self, joint_module: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         """The ``partition_fn``: plan ``joint_module`` and split it as the plan says."""
+        with planning_errors():
+            return self._partition(joint_module, joint_inputs, num_fwd_outputs,
+                                   static_lifetime_input_indices or [])
+
+    def _partition(self, joint_module: torch.fx.GraphModule, joint_inputs, num_fwd_outputs: int,
+                   static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
+        tag_inserted_backward_nodes(joint_module)
         try:
             graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}")
         except CaptureError as err:
@@ -143,7 +221,7 @@ class RematBackend:
         if n_fwd != num_fwd_outputs:
             raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
                                f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
-        graph = _mark_parameters(graph, joint_module, static_lifetime_input_indices or [])
+        graph = mark_parameters(graph, joint_module, static_lifetime_input_indices or [])
         compile_id = self._note_frame()
         frame = compile_id.split("/")[0]
         self.plans = [p for p in self.plans if p.compile_id.split("/")[0] != frame]  # a recompile
@@ -158,10 +236,11 @@ class RematBackend:
                                 buffer_names=(), cost_model=cost_model)
         fw, bw = partition_by_schedule(captured, plan.schedule)(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        fw.meta[_PLAN_KEY] = bw.meta[_PLAN_KEY] = compile_id  # Inductor's compile finds the plan by it
         self.plans.append(GraphPlan(
             index=len(self.plans), compile_id=compile_id,
             budget_bytes=budget, plan=plan, graph=graph,
-            footprint=_footprint(graph, plan, joint_module, value_of, static_lifetime_input_indices or []),
+            footprint=graph_footprint(graph, plan, joint_module, value_of, static_lifetime_input_indices or []),
             forward_graph=fw, backward_graph=bw))
         return fw, bw
 
@@ -224,39 +303,6 @@ def find_graph_breaks(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Grap
                             reasons=tuple(reasons))
 
 
-def _mark_parameters(graph: RematGraph, gm: torch.fx.GraphModule, static: list[int]) -> RematGraph:
-    """Dynamo lifts parameters and buffers to plain inputs; AOTAutograd names them only by
-    index (``static_lifetime_input_indices``). Label them parameters, as capture() does, so
-    the breakdown and the distributed budget can tell parameters from user inputs."""
-    primals = [n.name for n in gm.graph.find_nodes(op="placeholder") if not n.name.startswith("tangents")]
-    names = {primals[i] for i in static if i < len(primals)}
-    if not names:
-        return graph
-    nodes = tuple(dataclasses.replace(n, kind=NodeKind.PARAMETER)
-                  if n.name in names and n.kind is NodeKind.INPUT else n for n in graph.nodes)
-    return RematGraph(nodes, graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
-                      graph.cost_model, graph.name)
-
-
-def _footprint(graph: RematGraph, plan: Plan, gm: torch.fx.GraphModule, value_of: dict[str, str],
-               static: list[int]) -> GraphFootprint:
-    """The graph's terms in the step's budget split. Only parameter gradients outlive the graph's
-    backward; the gradients of its inputs are the earlier graph's output gradients (counted there)."""
-    from torch._functorch._aot_autograd import descriptors as aot_desc
-
-    output = gm.graph.find_nodes(op="output")[0]
-    param_grads = {
-        value_of[out.name] for out, desc in zip(output.args[0], output.meta.get("desc") or [])
-        if isinstance(out, torch.fx.Node) and out.name in value_of
-        and isinstance(desc, aot_desc.GradAOTOutput)
-        and getattr(desc.grad_of, "idx", None) in set(static)
-    }
-    saved = sum(graph[name].bytes for name in plan.saved)
-    return GraphFootprint(peak_bytes=plan.predicted_peak_bytes, parameters_bytes=graph.parameter_bytes,
-                          saved_bytes=saved, gradients_bytes=sum(graph[v].bytes for v in param_grads),
-                          inputs_bytes=graph.input_bytes)
-
-
 def _partitioner_base():
     try:
         from torch._inductor.custom_graph_pass import CustomPartitionerFn
@@ -285,7 +331,8 @@ class RematPartitioner(_partitioner_base()):
 
         here = os.path.dirname(os.path.abspath(__file__))
         root = os.path.dirname(here)
-        files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py")]
+        files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py",
+                                                 "dynamo_joint.py")]
         files += [os.path.join(root, "optimizer", f) for f in ("planner.py", "simulator.py")]
         b = self.backend
         settings = (b.budget, b.solver, b.options, b.cost_model_name, b.allocator,

@@ -15,6 +15,7 @@ from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from frontends.capture import CapturedStep
+from frontends.data_parallel import check_no_sharded_submodules
 from frontends.export_passes import guard_gradient_free
 from frontends.rewrite import partition_by_schedule
 from optimizer.plan import Plan
@@ -122,6 +123,7 @@ class RematModule(torch.nn.Module):
         return _signature(tensors)
 
     def _check(self, args: tuple, kwargs: dict) -> None:
+        check_no_sharded_submodules(self.model)  # fully_shard inside: its hooks would never run
         if _signature((tuple(args), dict(kwargs))) != self._signature:
             raise InputMismatchError(
                 "inputs differ from the example inputs the plan was made for (shape, dtype, "

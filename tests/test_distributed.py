@@ -16,14 +16,16 @@ from e2e_helpers import clone, load_example, max_relative_error
 from frontends.data_parallel import full_gradients, run_on_ranks
 from frontends.distributed_budget import (
     DataParallelConfig,
+    RankOffsets,
     Strategy,
     format_rank_breakdown,
+    phase_peaks,
     plan_for_rank,
     rank_breakdown,
     rank_offset,
+    rank_offsets,
 )
 from optimizer.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.simulator import simulate
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 
@@ -65,19 +67,31 @@ def test_ddp_rank_keeps_replicas_and_gradient_buckets():
     assert rank_offset(graph, view) == 0
 
 
+def test_fsdp_offsets_differ_by_phase():
+    """One unit on 2 ranks: shards (500) always; the all-gather buffer (2 x 500) in forward;
+    after backward the unsharded parameters (1000) go before the reduce-scatter input (2 x 500)."""
+    graph = _toy_graph()
+    offsets = rank_offsets(graph, DataParallelConfig(world_size=2, strategy="fsdp"))
+    assert offsets == RankOffsets(forward=1500, backward=500, end=500)
+    assert rank_offset(graph, DataParallelConfig(world_size=2, strategy="fsdp")) == 1500
+    peaks = phase_peaks(graph, store_all_schedule(graph))
+    assert peaks.forward_bytes == 1100 + 3 * 2000 + 8  # every activation kept, and the loss
+    assert offsets.rank_peak(peaks) == peaks.forward_bytes + 1500
+
+
 def test_rank_plan_meets_the_per_rank_budget():
     graph = _toy_graph()
     config = DataParallelConfig(world_size=2, strategy="fsdp")
-    offset = rank_offset(graph, config)
-    assert offset == (500 + 500 + 2000) - 2000
-    store_all = simulate(graph, store_all_schedule(graph)).peak_bytes
-    tight = store_all + offset - 1500  # only fits by recomputing an activation
+    offsets = rank_offsets(graph, config)
+    store_all = offsets.rank_peak(phase_peaks(graph, store_all_schedule(graph)))
+    tight = store_all - 1500  # only fits by recomputing an activation
     ranked = plan_for_rank(graph, tight, config, solver="auto")
     assert ranked.predicted_rank_peak_bytes <= tight
+    assert ranked.predicted_rank_peak_bytes == offsets.rank_peak(phase_peaks(graph, ranked.plan.schedule))
     assert ranked.plan.recomputed
     assert ranked.breakdown.activations_bytes == tight - ranked.breakdown.fixed_bytes
     with pytest.raises(InfeasibleBudgetError, match="per rank"):
-        plan_for_rank(graph, store_all + offset - 5000, config, solver="auto")
+        plan_for_rank(graph, store_all - 5000, config, solver="auto")
     report = format_rank_breakdown(ranked)
     assert "fsdp on 2 ranks" in report and "500 B (shards)" in report
 
@@ -129,28 +143,33 @@ def _train(rank: int, world_size: int) -> dict:
                 grads.append(full_gradients(wrapped))
                 optimizer.step()
             results[strategy, remat] = (losses, grads)
-            if remat and strategy == "ddp":  # FSDP2 allocates by resizing storages: unseen here
-                results[strategy, "peaks"] = (ranked.predicted_rank_peak_bytes,
-                                              _measured_rank_peak(wrapped, batch, constructed.net_bytes))
+            if remat:  # the same plan's rank peak under this strategy, and the measured one
+                config = DataParallelConfig(world_size=world_size, strategy=strategy)
+                predicted = rank_offsets(captured.graph, config).rank_peak(
+                    phase_peaks(captured.graph, ranked.plan.schedule))
+                buckets = constructed.net_bytes if strategy == "ddp" else 0
+                results[strategy, "peaks"] = (predicted, _measured_rank_peak(wrapped, batch, buckets))
             del wrapped, optimizer, constructed  # DDP's reducer removes its hooks when collected
             gc.collect()
     return results
 
 
 def _measured_rank_peak(wrapped: torch.nn.Module, batch: tuple, buckets: int) -> int:
-    """Resident storages (replicas and buckets) + the step's peak of live storages."""
-    from frontends.memory_tracker import track_live_memory
+    """Resident storages (replicas or FSDP's local shards, buffers, inputs, DDP's buckets) +
+    the step's peak of live storages, FSDP2's resized parameter storages included."""
+    from frontends.resize_tracker import track_live_memory_with_resizes
 
-    tensors = [*wrapped.parameters(), *wrapped.buffers(), *batch]
-    resident = sum(t.untyped_storage().nbytes() for t in tensors) + max(buckets, 0)
+    tensors = [getattr(t, "_local_tensor", t) for t in (*wrapped.parameters(), *wrapped.buffers(), *batch)]
+    storages = {id(s): s.nbytes() for s in (t.untyped_storage() for t in tensors)}
+    resident = sum(storages.values()) + max(buckets, 0)
     for p in wrapped.parameters():
         p.grad = None
     gc.collect()
-    with track_live_memory() as tracker:
+    with track_live_memory_with_resizes() as tracker:
         out = wrapped(*batch)  # held through backward, as a training loop holds (loss, logits)
         out[0].backward()
         del out
-    return resident + tracker.result.peak_bytes
+    return resident + tracker.peak_bytes
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +198,35 @@ def test_ranks_agree_on_the_averaged_gradients(ranks):
     assert max_relative_error(ranks[0]["fsdp", True][1][0], grads0[0]) <= 1e-10
 
 
-def test_ddp_rank_peak_is_the_plan_plus_the_gradient_buckets(ranks):
-    """DDP's rank peak: the plan's own peak plus the reducer's buckets (one more copy of the
-    gradients, allocated when DDP wraps the module), as `rank_breakdown` says."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_rank_peak_matches_the_prediction(ranks, strategy):
+    """DDP: the plan's peak plus the reducer's buckets (one more copy of the gradients,
+    allocated when DDP wraps the module). FSDP2 (one unit): the parameter shards, and in
+    forward the unsharded parameters plus the all-gather buffer (`rank_offsets`); measured
+    with the resize-aware tracker, since FSDP2 grows its unsharded parameters in place."""
     for results in ranks:
-        predicted, measured = results["ddp", "peaks"]
-        assert abs(measured - predicted) <= max(0.02 * predicted, 4096), (measured, predicted)
+        predicted, measured = results[strategy, "peaks"]
+        assert abs(measured - predicted) <= 0.02 * predicted, (measured, predicted)
+
+
+def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
+    """FSDP hooks on a submodule never run in the remat module's captured graph: refuse it."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from frontends.data_parallel import (
+        ShardedSubmoduleError,
+        check_no_sharded_submodules,
+        free_port,
+    )
+
+    model, _ = load_example("mlp")
+    check_no_sharded_submodules(model)  # nothing sharded: fine
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][1]
+        fully_shard(linear)
+        with pytest.raises(ShardedSubmoduleError, match=r"'layers\.1' .*apply fully_shard to the module optimize\(\) returns"):
+            check_no_sharded_submodules(model)
+    finally:
+        dist.destroy_process_group()

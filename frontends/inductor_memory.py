@@ -1,0 +1,252 @@
+"""Predict the peak memory of an Inductor-compiled training step from Inductor's own buffer plan.
+
+remat-opt plans unfused aten ops; Inductor then fuses pointwise ops (a fused kernel's
+intermediates never reach memory) and reuses freed buffers, so the plan's peak is only an upper
+bound of the compiled step's. The exact numbers are in the wrapper Inductor generates: after
+fusion and scheduling its ``memory_plan_reuse`` pass turns the graph into a list of allocation
+(``empty_strided``), reuse (``bufB = bufA; del bufA``) and free (``del buf``) lines. While a
+graph compiles, `recording_wrapper_plans` copies that list into a `WrapperMemoryPlan` (names and
+byte sizes only); `predict_compiled_peak` then walks the forward's and the backward's plans the
+way they run in a step, exactly as the simulator combines an eager plan:
+
+* forward: parameters and user inputs are resident (freeing their names frees nothing);
+  what the forward returns stays live: user outputs (held by the caller through backward) and
+  the activations saved for backward;
+* between the graphs autograd creates the output gradients (the backward's ``tangents``);
+* backward: saved activations and tangents belong to the call (AOTAutograd clears its saved
+  tensors), so a ``del`` frees them, unless a user output or a parameter holds the storage;
+  parameter gradients stay.
+
+Storage identity is tracked by name through reuse and alias lines, so a freed name whose storage
+lives on under another name frees nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BufferEvent:
+    """One memory line of Inductor's wrapper, in execution order."""
+
+    op: str
+    """``alloc`` (new storage), ``free`` (drop a name), ``reuse`` (``name`` takes ``source``'s
+    storage, ``source`` is dropped) or ``alias`` (``name`` is a view of ``source``'s storage)."""
+    name: str
+    bytes: int = 0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class WrapperMemoryPlan:
+    """What one compiled graph allocates and frees, from its generated wrapper."""
+
+    is_backward: bool
+    inputs: tuple[tuple[str, int], ...]
+    """Graph inputs in placeholder order, with their storage bytes."""
+    events: tuple[BufferEvent, ...]
+    outputs: tuple[str | None, ...]
+    """For each graph output, the buffer or input name holding it (None: not a tensor)."""
+
+
+@dataclass(frozen=True)
+class CompiledPeak:
+    """The Inductor-aware peak of one graph's training step (forward, then backward)."""
+
+    predicted_peak_bytes: int
+    """Resident bytes plus the larger of the two graphs' live peaks."""
+    resident_bytes: int
+    forward_peak_bytes: int
+    """Live bytes above the resident ones at the forward's peak."""
+    backward_peak_bytes: int
+    """Live bytes above the resident ones at the backward's peak (saved activations, user
+    outputs and tangents included)."""
+    saved_bytes: int
+    """Activations the compiled forward leaves for backward (storages, not names)."""
+
+
+class _Walk:
+    """Live storage bytes while a wrapper plan runs; storages keyed by the name that made them."""
+
+    def __init__(self, live: int = 0) -> None:
+        self.key_of: dict[str, str] = {}
+        self.names_of: dict[str, set[str]] = {}
+        self.bytes_of: dict[str, int] = {}
+        self.pinned: set[str] = set()  # held outside the graph: never freed by a del here
+        self.live = self.peak = live
+
+    def bind(self, name: str, key: str, nbytes: int, pinned: bool) -> None:
+        self.key_of[name] = key
+        self.names_of.setdefault(key, set()).add(name)
+        self.bytes_of.setdefault(key, nbytes)
+        if pinned:
+            self.pinned.add(key)
+
+    def drop(self, name: str) -> None:
+        key = self.key_of.pop(name, None)
+        if key is None:
+            return
+        names = self.names_of[key]
+        names.discard(name)
+        if not names and key not in self.pinned:
+            self.live -= self.bytes_of[key]
+
+    def apply(self, event: BufferEvent) -> None:
+        if event.op == "alloc":
+            self.drop(event.name)  # a name bound twice: the old storage goes (never seen in practice)
+            self.bind(event.name, f"{id(self)}:{event.name}", event.bytes, pinned=False)
+            self.live += event.bytes
+            self.peak = max(self.peak, self.live)
+        elif event.op == "free":
+            self.drop(event.name)
+        elif event.op in ("reuse", "alias") and event.source in self.key_of:
+            key = self.key_of[event.source]
+            self.key_of[event.name] = key
+            self.names_of[key].add(event.name)
+            if event.op == "reuse":
+                self.drop(event.source)
+        elif event.op not in ("reuse", "alias"):
+            raise ValueError(f"unknown buffer event {event.op!r}")
+
+    def live_keys(self, names: tuple[str | None, ...]) -> dict[str, int]:
+        keys = {self.key_of[n]: self.bytes_of[self.key_of[n]] for n in names if n in self.key_of}
+        return {k: b for k, b in keys.items() if k not in self.pinned}
+
+
+def predict_compiled_peak(forward: WrapperMemoryPlan, backward: WrapperMemoryPlan,
+                          resident_bytes: int) -> CompiledPeak:
+    """The step's peak: ``forward`` runs with the parameters and inputs resident, then
+    ``backward`` receives the saved activations (its non-tangent inputs, in the order the
+    forward returns them after its user outputs) and the tangents autograd created."""
+    fw = _Walk()
+    for name, nbytes in forward.inputs:
+        fw.bind(name, f"input:{name}", nbytes, pinned=True)
+    for event in forward.events:
+        fw.apply(event)
+    saved_names = [name for name, _ in backward.inputs if not name.startswith("tangents")]
+    n_user = len(forward.outputs) - len(saved_names)
+    if n_user < 0:
+        raise ValueError(f"the backward takes {len(saved_names)} saved values but the forward returns "
+                         f"only {len(forward.outputs)} outputs: the two graphs do not belong together")
+    user_out, saved_out = forward.outputs[:n_user], forward.outputs[n_user:]
+    held = fw.live_keys(forward.outputs)  # what the forward leaves alive
+    user_keys = set(fw.live_keys(user_out))
+    saved_bytes = sum(b for k, b in fw.live_keys(saved_out).items() if k not in user_keys)
+    tangents = sum(nbytes for name, nbytes in backward.inputs if name.startswith("tangents"))
+
+    bw = _Walk(live=sum(held.values()) + tangents)
+    saved_iter = iter(saved_out)
+    for name, nbytes in backward.inputs:
+        if name.startswith("tangents"):
+            bw.bind(name, f"tangent:{name}", nbytes, pinned=False)
+            continue
+        source = next(saved_iter)
+        key = fw.key_of.get(source) if source is not None else None
+        if key is None or key not in held:  # a parameter or input passed through: resident
+            bw.bind(name, f"input:{source or name}", nbytes, pinned=True)
+        else:
+            bw.bind(name, key, held[key], pinned=key in user_keys)
+    for key in user_keys:  # the caller holds user outputs even if backward never reads them
+        bw.pinned.add(key)
+        bw.bytes_of.setdefault(key, held[key])
+    for event in backward.events:
+        bw.apply(event)
+    return CompiledPeak(
+        predicted_peak_bytes=resident_bytes + max(fw.peak, bw.peak),
+        resident_bytes=resident_bytes, forward_peak_bytes=fw.peak, backward_peak_bytes=bw.peak,
+        saved_bytes=saved_bytes)
+
+
+# --------------------------------------------------------------------- reading Inductor's wrapper
+def _buffer_bytes(graph: Any, node: Any) -> int:
+    from torch._inductor.utils import get_dtype_size
+
+    elements = graph.sizevars.optimization_hint(graph.get_allocation_storage_size(node), fallback=0)
+    return int(elements) * get_dtype_size(node.get_dtype())
+
+
+def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
+    """Translate the wrapper's planned lines (after ``memory_plan_reuse``) into buffer events."""
+    from torch._inductor import ir
+    from torch._inductor.codegen import wrapper as w
+
+    events: list[BufferEvent] = []
+    for line in wrapper.lines:
+        if isinstance(line, w.AllocateLine):
+            events.append(BufferEvent("alloc", line.node.get_name(), _buffer_bytes(graph, line.node)))
+        elif isinstance(line, w.ReuseLine):
+            op = "reuse" if line.delete_old else "alias"
+            events.append(BufferEvent(op, line.reused_as.get_name(), source=line.node.get_name()))
+        elif isinstance(line, w.ReinterpretLine):
+            events.append(BufferEvent("alias", line.reused_as.get_name(), source=line.node.get_name()))
+        elif isinstance(line, w.FreeIfNotReusedLine):
+            if not line.is_reused and not isinstance(line.node.layout, ir.MultiOutputLayout):
+                events.append(BufferEvent("free", line.node.get_name()))
+        elif isinstance(line, w.FreeLine):
+            events.append(BufferEvent("free", line.node.get_name()))
+        elif isinstance(line, w.ExternKernelAllocLine):
+            node = line.node
+            if isinstance(node.layout, ir.MultiOutputLayout):
+                continue  # its MultiOutputLines name the real buffers
+            aliased = node.get_inputs_that_alias_output()
+            if aliased:
+                events.append(BufferEvent("alias", node.get_name(), source=aliased[0]))
+            else:
+                events.append(BufferEvent("alloc", node.get_name(), _buffer_bytes(graph, node)))
+        elif isinstance(line, w.MultiOutputLine):
+            node = graph.try_get_buffer(line.result_name)
+            if node is not None and not node.get_inputs_that_alias_output():
+                events.append(BufferEvent("alloc", line.result_name, _buffer_bytes(graph, node)))
+        elif isinstance(line, (w.EnterSubgraphLine, w.ConditionalLine)):
+            raise NotImplementedError("control flow in an Inductor graph: its memory is not predicted")
+    return events
+
+
+def _output_name(node: Any) -> str | None:
+    try:
+        return node.get_name()
+    except (AttributeError, NotImplementedError):  # None outputs and constants
+        return None
+
+
+def _plan_of(wrapper: Any, graph: Any) -> WrapperMemoryPlan:
+    inputs = []
+    for name, value in graph.graph_inputs.items():
+        try:
+            inputs.append((name, _buffer_bytes(graph, value)))
+        except (AttributeError, NotImplementedError):  # symbolic sizes (static shapes: none)
+            inputs.append((name, 0))
+    return WrapperMemoryPlan(is_backward=bool(graph.is_backward), inputs=tuple(inputs),
+                             events=tuple(_events_of(wrapper, graph)),
+                             outputs=tuple(_output_name(o) for o in graph.graph_outputs))
+
+
+_UNREADABLE = (NotImplementedError, AttributeError, KeyError, TypeError, ValueError)
+"""What reading an unfamiliar wrapper (another torch version, control flow) may raise."""
+
+
+@contextlib.contextmanager
+def recording_wrapper_plans(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
+    """Append a `WrapperMemoryPlan` to ``sink`` for every graph Inductor generates in the block
+    (none for a wrapper it cannot read: the compile itself is never affected)."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.virtualized import V
+
+    original = PythonWrapperCodegen.memory_plan_reuse
+
+    def memory_plan_reuse(self: Any) -> None:
+        original(self)
+        try:
+            sink.append(_plan_of(self, V.graph))
+        except _UNREADABLE:  # a wrapper this reader does not know: no prediction, same code
+            pass
+
+    PythonWrapperCodegen.memory_plan_reuse = memory_plan_reuse
+    try:
+        yield
+    finally:
+        PythonWrapperCodegen.memory_plan_reuse = original
