@@ -26,8 +26,13 @@ CANDIDATES_PER_STEP = 8
 """How many of the best-looking values are simulated before dropping one."""
 
 
-def schedule_from_saved(graph: RematGraph, saved: frozenset[str]) -> Schedule:
-    """Forward computes everything once; backward recomputes unsaved inputs just in time."""
+def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once: bool = False) -> Schedule:
+    """Forward computes everything once; backward recomputes unsaved inputs just in time.
+
+    ``recompute_once``: a recomputed closure stays available to later readers (a shared
+    producer, such as a qkv projection read through q, k and v, runs once, as PyTorch's min-cut
+    partitioner runs it) instead of being recomputed for each reader; it costs memory between
+    readers, so neither variant dominates."""
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     available = set(kept_through_backward(graph)) | set(saved)
     backward: list[str] = []
@@ -37,10 +42,11 @@ def schedule_from_saved(graph: RematGraph, saved: frozenset[str]) -> Schedule:
             continue
         missing = [i for i in first.inputs if i not in available]
         if missing:
-            # Only the values this op reads stay available; the rest of the closure dies after
-            # it (a later reader recomputes it from the saved set again).
-            backward.extend(forward_closure(graph, missing, available))
-            for name in missing:
+            # Per reader: only the values this op reads stay available, the rest of the closure
+            # dies after it (a later reader recomputes it). Once: the whole closure stays.
+            closure = forward_closure(graph, missing, available)
+            backward.extend(closure)
+            for name in closure if recompute_once else missing:
                 available.update(graph.group_of(name))
         backward.extend(members)
         available.update(members)
@@ -61,10 +67,12 @@ def _recompute_cost(graph: RematGraph, name: str) -> float:
     return sum(graph[m].cost for m in graph.group_of(name)) or 1e-12
 
 
-def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float) -> tuple[Schedule, SimulationResult]:
-    """The cheapest schedule of this family found for the budget (or the leanest one found)."""
+def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
+                     once: bool = False) -> tuple[Schedule, SimulationResult]:
+    """The cheapest schedule of this family found for the budget (or the leanest one found);
+    ``once``: the recompute-once variant of the family (`schedule_from_saved`)."""
     saved = set(_droppable(graph))
-    best_schedule = schedule_from_saved(graph, frozenset(saved))
+    best_schedule = schedule_from_saved(graph, frozenset(saved), once)
     best = simulate(graph, best_schedule)
     while best.peak_bytes > budget_bytes and saved and time.perf_counter() < deadline:
         live_at_peak = _live_at(graph, best_schedule, best.peak_step)
@@ -73,7 +81,7 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float) -> t
         trial_best = None
         for v in pool[:CANDIDATES_PER_STEP]:
             trial = frozenset(saved - {v})
-            schedule = schedule_from_saved(graph, trial)
+            schedule = schedule_from_saved(graph, trial, once)
             result = simulate(graph, schedule)
             gain = best.peak_bytes - result.peak_bytes
             extra = max(result.total_cost - best.total_cost, 1e-15)
@@ -83,18 +91,18 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float) -> t
         _, dropped, best_schedule, best = trial_best
         saved.discard(dropped)
     if best.peak_bytes <= budget_bytes:
-        best_schedule, best = _resave(graph, saved, best_schedule, best, budget_bytes, deadline)
+        best_schedule, best = _resave(graph, saved, best_schedule, best, budget_bytes, deadline, once)
     return best_schedule, best
 
 
-def _resave(graph, saved, schedule, result, budget_bytes, deadline):
+def _resave(graph, saved, schedule, result, budget_bytes, deadline, once):
     """Put back, most expensive recomputation first, every dropped value that still fits."""
     dropped = sorted(_droppable(graph) - saved, key=lambda v: (-_recompute_cost(graph, v), v))
     for v in dropped:
         if time.perf_counter() >= deadline:
             break
         trial = frozenset(saved | {v})
-        candidate = schedule_from_saved(graph, trial)
+        candidate = schedule_from_saved(graph, trial, once)
         sim = simulate(graph, candidate)
         if sim.peak_bytes <= budget_bytes and sim.total_cost < result.total_cost:
             saved.add(v)
@@ -117,5 +125,11 @@ def _live_at(graph: RematGraph, schedule: Schedule, step: int) -> set[str]:
 
 def solve_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     start = time.perf_counter()
-    schedule, result = greedy_saved_set(graph, budget_bytes, start + options.time_limit_s)
+    deadline = start + options.time_limit_s
+    schedule, result = greedy_saved_set(graph, budget_bytes, deadline)
+    if time.perf_counter() < deadline:  # the recompute-once variant in the time left
+        other, other_result = greedy_saved_set(graph, budget_bytes, deadline, once=True)
+        if other_result.peak_bytes <= budget_bytes and (
+                result.peak_bytes > budget_bytes or other_result.total_cost < result.total_cost):
+            schedule, result = other, other_result
     return heuristic_result("greedy", budget_bytes, schedule, result, start)

@@ -43,10 +43,18 @@ def repair_saved_set(graph: RematGraph, saved: frozenset[str], budget_bytes: int
 
     ``order``: how much the guess wants each value kept (dropped last when high).
     ``candidates``: values the re-save pass may add (default: every value ever dropped).
+    Repairs twice, recomputing each dropped closure per reader and once (see
+    `schedule_from_saved`), and keeps the cheaper: neither variant dominates.
     """
-    order = order or {}
+    found = [s for once in (False, True)
+             if (s := _repair(graph, saved, budget_bytes, deadline, order or {}, candidates, once)) is not None]
+    return min(found, key=lambda s: simulate(graph, s).total_cost, default=None)
+
+
+def _repair(graph: RematGraph, saved: frozenset[str], budget_bytes: int, deadline: float,
+            order: Mapping[str, float], candidates: frozenset[str] | None, once: bool) -> Schedule | None:
     kept = set(saved)
-    schedule = schedule_from_saved(graph, frozenset(kept))
+    schedule = schedule_from_saved(graph, frozenset(kept), once)
     sim = simulate(graph, schedule)
     dropped: set[str] = set()
     while sim.peak_bytes > budget_bytes:
@@ -58,20 +66,20 @@ def repair_saved_set(graph: RematGraph, saved: frozenset[str], budget_bytes: int
                      * graph[v].bytes / _group_cost(graph, v))
         kept.discard(victim)
         dropped.add(victim)
-        schedule = schedule_from_saved(graph, frozenset(kept))
+        schedule = schedule_from_saved(graph, frozenset(kept), once)
         sim = simulate(graph, schedule)
     return _resave(graph, kept, schedule, sim, budget_bytes, deadline,
-                   (candidates or frozenset()) | dropped)
+                   (candidates or frozenset()) | dropped, once)
 
 
 def _resave(graph: RematGraph, kept: set[str], schedule: Schedule, sim: SimulationResult,
-            budget_bytes: int, deadline: float, pool: frozenset[str] | set[str]) -> Schedule:
+            budget_bytes: int, deadline: float, pool: frozenset[str] | set[str], once: bool) -> Schedule:
     """Put back, most expensive recomputation first, each value that still fits and helps."""
     ranked = sorted((v for v in pool if v not in kept), key=lambda v: (-_group_cost(graph, v), v))
     for v in ranked[:RESAVE_CANDIDATES]:
         if time.perf_counter() > deadline:
             break
-        trial = schedule_from_saved(graph, frozenset(kept | {v}))
+        trial = schedule_from_saved(graph, frozenset(kept | {v}), once)
         trial_sim = simulate(graph, trial)
         if trial_sim.peak_bytes <= budget_bytes and trial_sim.total_cost < sim.total_cost:
             kept.add(v)
