@@ -4,13 +4,17 @@ Per model (the examples plus GPT-2 tiny, ViT, ResNet and UNet) and strategy: pla
 ``torch.utils.checkpoint`` around each block, selective activation checkpointing (save matmuls
 and convolutions) around each block, ``torch.compile`` with the min-cut partitioner at several
 ``activation_memory_budget`` values, and remat-opt (``solver=auto``) at a budget equal to EACH
-peer's measured peak plus a few percentages of plain autograd's. Every step is really run and
+peer's measured peak plus a few percentages of plain autograd's, once per objective: modelled
+time (the ``flops`` cost model, remat-opt's default) and counted FLOPs (``flop-count``: what
+``FlopCounterMode`` counts, so pointwise recomputation is nearly free). Every step is really run and
 measured (`vs_pytorch_measure`): peak live tensor bytes, FLOPs, median step time (ratio to plain
 autograd of the same run), planning/compile time, gradient error vs plain autograd. Models run
 in float64 with dropout off, so gradients are comparable to 1e-10.
 
     python benchmarks/vs_pytorch.py                 # writes benchmarks/vs_pytorch.{md,png}
     python benchmarks/vs_pytorch.py --quick --out-md /tmp/q.md --out-png /tmp/q.png
+    python benchmarks/vs_pytorch.py --models gpt,vit --objectives flop-count --json /tmp/r.json
+    python benchmarks/vs_pytorch.py --from-json /tmp/r.json --out-md /tmp/r.md --out-png /tmp/r.png
 """
 
 from __future__ import annotations
@@ -34,10 +38,15 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from vs_pytorch_measure import StepMetrics, StepState, measure_strategy  # noqa: E402
 from vs_pytorch_peers import compile_min_cut, memory_budget, wrap_blocks  # noqa: E402
+from vs_pytorch_report import FLOP_OBJECTIVE, TIME_OBJECTIVE  # noqa: E402
+
+from frontends.costs import FLOP_COUNT_MODEL, FLOPS_MODEL, CostModel  # noqa: E402
 
 MODELS = ("mlp", "gpt", "convnet", "gpt2", "vit", "resnet", "unet")
 COMPILE_BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1)
 PERCENTAGES = (80, 60, 40)
+OBJECTIVES: dict[str, CostModel] = {TIME_OBJECTIVE: FLOPS_MODEL, FLOP_OBJECTIVE: FLOP_COUNT_MODEL}
+"""remat-opt's strategy name per objective -> the cost model its planning capture prices ops with."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ class Row:
 
     model: str
     strategy: str
-    """plain, per-block, sac, compile, remat-opt."""
+    """plain, per-block, sac, compile, or a key of `OBJECTIVES` (remat-opt per objective)."""
     setting: str
     metrics: StepMetrics | None
     prepare_s: float | None
@@ -54,7 +63,10 @@ class Row:
     minus a plain step)."""
     error: str | None = None
     budget_bytes: int | None = None
-    """remat-opt: the budget it was given."""
+    """remat-opt: the budget its measured peak must fit (a peer's measured peak, or a percentage of
+    plain autograd's); it plans for this less ``seed_bytes``."""
+    seed_bytes: int = 0
+    """remat-opt: the loss's seed gradient its plans do not count, held back from the budget."""
     predicted_peak_bytes: int | None = None
     planned_extra_flops: float | None = None
     store_all_peak_bytes: int | None = None
@@ -95,9 +107,9 @@ def _one_line(err: BaseException) -> str:
 class ModelBench:
     """Runs every strategy on one model against the plain-autograd reference."""
 
-    def __init__(self, name: str, args: argparse.Namespace, dtype: torch.dtype, device: torch.device):
+    def __init__(self, name: str, args: argparse.Namespace, model: nn.Module, inputs: tuple):
         self.name, self.args = name, args
-        self.model, self.inputs = load_model(name, dtype, device)
+        self.model, self.inputs = model, inputs
         self.rows: list[Row] = []
         self.reference: StepState | None = None
 
@@ -110,15 +122,19 @@ class ModelBench:
                                 probe=probe, repeats=self.args.repeats)
 
     def run(self) -> list[Row]:
-        model, params, buffers = self._fresh()
-        metrics, self.reference = self._measure(model, params, buffers)
-        self.rows.append(Row(self.name, "plain", "", metrics, 0.0))
+        self.run_plain()
         for selective, strategy in ((False, "per-block"), (True, "sac")):
             self._peer(strategy, "", lambda m, s=selective: (wrap_blocks(m, self.name, selective=s), None))
         for fraction in self.args.compile_budgets:
             self._compiled(fraction)
-        self._remat_opt()
+        self.remat_opt()
         return self.rows
+
+    def run_plain(self) -> None:
+        """The reference step: plain autograd, first row; every later gradient is checked against it."""
+        model, params, buffers = self._fresh()
+        metrics, self.reference = self._measure(model, params, buffers)
+        self.rows.append(Row(self.name, "plain", "", metrics, 0.0))
 
     def _peer(self, strategy: str, setting: str, build) -> None:
         model, params, buffers = self._fresh()
@@ -147,43 +163,64 @@ class ModelBench:
                              max(metrics.first_step_s - plain_time, 0.0), note=note))
         torch._dynamo.reset()
 
-    def _remat_opt(self) -> None:
+    def budgets(self) -> dict[int, str]:
+        """remat-opt's budgets in bytes: each peer's measured peak and each percentage of plain
+        autograd's measured peak, each with the runs it stands for."""
+        labels: dict[int, list[str]] = {}
+        for row in self.rows:
+            if row.metrics is not None and row.strategy not in OBJECTIVES:
+                labels.setdefault(row.metrics.peak_bytes, []).append(f"= {row.strategy} {row.setting}".strip())
+        for percent in self.args.percentages:
+            budget = self.rows[0].metrics.peak_bytes * percent // 100
+            labels.setdefault(budget, []).append(f"{percent}% of plain")
+        return {budget: ", ".join(names) for budget, names in labels.items()}
+
+    def seed_bytes(self) -> int:
+        """The loss's seed gradient, which autograd's engine holds through backward and
+        remat-opt's plans do not count (README, Known limits): one scalar of the model's dtype,
+        one 512-byte block of the CUDA caching allocator."""
+        if self.inputs[0].device.type == "cuda":
+            return 512
+        return next(p for p in self.model.parameters() if p.is_floating_point()).element_size()
+
+    def remat_opt(self, budgets: dict[int, str] | None = None) -> None:
+        """Every budget (default: `budgets`) once per objective, with the same solver and
+        settings: the objectives differ only in the cost model their planning capture prices
+        ops with. Each plan is made for the budget less the seed gradient, so that a plan that
+        fills it is measured at the budget, not one scalar above it."""
         from frontends.capture import capture
+
+        budgets = self.budgets() if budgets is None else budgets
+        for strategy in self.args.objectives:
+            captured = capture(copy.deepcopy(self.model), self.inputs, cost_model=OBJECTIVES[strategy])
+            for budget, setting in budgets.items():  # one planning graph for all budgets
+                self.rows.append(self._remat_opt_row(strategy, captured.graph, budget, setting))
+
+    def _remat_opt_row(self, strategy: str, graph, budget: int, setting: str) -> Row:
         from optimizer.allocator import allocator_for
         from optimizer.planner import plan_graph
         from solvers.base import InfeasibleBudgetError, SolverOptions
 
-        captured = capture(copy.deepcopy(self.model), self.inputs)  # planning graph for all budgets
         allocator = allocator_for(self.inputs[0].device.type)  # CUDA: 512-byte blocks, as measured
-        budgets: dict[int | str, list[str]] = {}
-        for row in self.rows:
-            if row.metrics is not None:
-                label = f"= {row.strategy} {row.setting}".strip()
-                budgets.setdefault(row.metrics.peak_bytes, []).append(label)
-        for percent in self.args.percentages:
-            budgets.setdefault(f"{percent}%", []).append(f"{percent}% of plain")
         options = SolverOptions(time_limit_s=self.args.time_limit)
-        for budget, labels in budgets.items():
-            setting = ", ".join(labels)
-            start = time.perf_counter()
-            try:
-                plan = plan_graph(captured.graph, budget, "auto", options, allocator=allocator)
-                module = self._rewrite(plan)
-                prepare_s = time.perf_counter() - start  # what optimize() costs
-                metrics, _ = self._measure(module, dict(module.model.named_parameters()),
-                                           dict(module.model.named_buffers()))
-            except InfeasibleBudgetError as err:
-                self.rows.append(Row(self.name, "remat-opt", setting, None, None, error=_one_line(err),
-                                     budget_bytes=err.budget_bytes))
-                continue
-            except Exception as err:  # a failure of remat-opt is reported, not hidden
-                self.rows.append(Row(self.name, "remat-opt", setting, None, None,
-                                     error="remat-opt failed: " + _one_line(err)))
-                continue
-            self.rows.append(Row(self.name, "remat-opt", setting, metrics, prepare_s,
-                                 budget_bytes=plan.budget_bytes, predicted_peak_bytes=plan.predicted_peak_bytes,
-                                 planned_extra_flops=plan.extra_flops,
-                                 store_all_peak_bytes=plan.store_all_peak_bytes, note=plan.message[:80]))
+        seed = self.seed_bytes()
+        start = time.perf_counter()
+        try:
+            plan = plan_graph(graph, budget - seed, "auto", options, allocator=allocator)
+            module = self._rewrite(plan)
+            prepare_s = time.perf_counter() - start  # what optimize() costs
+            metrics, _ = self._measure(module, dict(module.model.named_parameters()),
+                                       dict(module.model.named_buffers()))
+        except InfeasibleBudgetError as err:
+            return Row(self.name, strategy, setting, None, None, error=_one_line(err), budget_bytes=budget,
+                       seed_bytes=seed)
+        except Exception as err:  # a failure of remat-opt is reported, not hidden
+            return Row(self.name, strategy, setting, None, None, error="remat-opt failed: " + _one_line(err),
+                       budget_bytes=budget, seed_bytes=seed)
+        return Row(self.name, strategy, setting, metrics, prepare_s, budget_bytes=budget, seed_bytes=seed,
+                   predicted_peak_bytes=plan.predicted_peak_bytes,
+                   planned_extra_flops=plan.extra_flops, store_all_peak_bytes=plan.store_all_peak_bytes,
+                   note=plan.message[:80])
 
     def _rewrite(self, plan):
         """The RematModule for ``plan`` on a fresh capture of a fresh copy of the model: a
@@ -203,6 +240,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: fewer budgets, one repeat")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per strategy (median)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="remat-opt solver limit (s)")
+    parser.add_argument("--objectives", default="time,flop-count",
+                        help="remat-opt's objectives, comma-separated: time (the flops cost model, "
+                             "remat-opt's default), flop-count (FLOPs as FlopCounterMode counts them)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--out-md", default=os.path.join(ROOT, "benchmarks", "vs_pytorch.md"))
     parser.add_argument("--out-png", default=os.path.join(ROOT, "benchmarks", "vs_pytorch.png"))
@@ -213,11 +253,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+    by_flag = {"time": TIME_OBJECTIVE, "flop-count": FLOP_OBJECTIVE}
+    flags = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    if not flags or any(o not in by_flag for o in flags):
+        parser.error(f"--objectives {args.objectives!r}: choose one or both of time, flop-count")
+    args.objectives = [by_flag[o] for o in dict.fromkeys(flags)]
     args.compile_budgets, args.percentages = COMPILE_BUDGETS, PERCENTAGES
     if args.quick:
         args.repeats, args.time_limit = 1, min(args.time_limit, 3.0)
         args.compile_budgets, args.percentages = (1.0, 0.3), (60,)
     return args
+
+
+def load_saved(path: str) -> tuple[list[Row], dict]:
+    """The rows and run description of a ``--json`` file; a one-line exit for anything else.
+    Files from before the FLOP objective read as they are (their report marks its targets n/a)."""
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+        rows, run = [Row.from_json(r) for r in saved["rows"]], saved["run"]
+        if not rows or rows[0].strategy != "plain" or rows[0].metrics is None:
+            raise ValueError("no rows, or the first row is not a plain-autograd run")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"vs_pytorch.py: cannot read {path} ({type(err).__name__}: {err}): "
+                         "give a file written by --json") from None
+    return rows, run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,15 +288,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
-        rows, run = [Row.from_json(r) for r in saved["rows"]], saved["run"]
+        rows, run = load_saved(args.from_json)
     else:
         started = time.perf_counter()
         rows = []
         for name in args.models:
             model_start = time.perf_counter()
-            rows += ModelBench(name, args, getattr(torch, args.dtype), device).run()
+            model, inputs = load_model(name, getattr(torch, args.dtype), device)
+            rows += ModelBench(name, args, model, inputs).run()
             print(f"{name}: {time.perf_counter() - model_start:.0f} s", file=sys.stderr, flush=True)
         command = "python benchmarks/vs_pytorch.py " + " ".join(sys.argv[1:] if argv is None else argv)
         run = {"command": command.strip(), "device": str(device), "dtype": args.dtype,
