@@ -32,6 +32,7 @@ from frontends.export_passes import (
     check_grad_outputs,
     detach_gradient_free_outputs,
     drop_identity_dropouts,
+    untie_batch_norm_backward,
 )
 from frontends.fakify import fakify_meta, has_meta_tensors
 from optimizer.graph import Node, NodeKind, Phase, RematGraph
@@ -101,6 +102,7 @@ def capture(
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
+    untie_batch_norm_backward(joint.graph_module)
     graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
     return CapturedStep(
         joint=joint,

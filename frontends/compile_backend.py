@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
+from frontends.export_passes import untie_batch_norm_backward
 from frontends.compile_errors import own_error_to_raise, planning_errors
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
@@ -214,6 +215,7 @@ class RematBackend:
                    static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
         tag_inserted_backward_nodes(joint_module)
+        untie_batch_norm_backward(joint_module)  # as capture() does: see there
         try:
             graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}")
         except CaptureError as err:

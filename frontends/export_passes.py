@@ -1,7 +1,8 @@
-"""Edits of the exported forward before AOTAutograd traces its backward.
+"""Edits of the traced graphs that make the captured step the step plain autograd runs.
 
 Two things make a traced step heavier than the same step under plain autograd, and both are
-fixed on the exported graph, where AOTAutograd re-derives every FakeTensor afterwards:
+fixed on the exported forward, before AOTAutograd traces the backward (it re-derives every
+FakeTensor afterwards):
 
 - Every output that requires grad gets a tangent. A model returning ``(loss, logits)`` is
   trained with ``loss.backward()``, so plain autograd never creates a gradient for ``logits``;
@@ -13,6 +14,8 @@ fixed on the exported graph, where AOTAutograd re-derives every FakeTensor after
 - ``dropout(x, p=0)`` in training is the identity in eager PyTorch (it returns ``x``), but its
   decomposition copies ``x``. Removing it saves that copy and makes the captured graph the
   eager step's.
+
+One is fixed on the joint graph: `untie_batch_norm_backward` (see there).
 """
 
 from __future__ import annotations
@@ -50,6 +53,29 @@ def drop_identity_dropouts(gm: torch.fx.GraphModule) -> int:
     if dropped:
         gm.recompile()
     return dropped
+
+
+def untie_batch_norm_backward(gm: torch.fx.GraphModule) -> int:
+    """Drop the running statistics from training-mode ``native_batch_norm_backward`` calls.
+
+    The joint graph passes the *updated* running mean and variance (forward outputs that are
+    copied into the buffers) to the backward op, which ignores them when ``train`` is true (it
+    uses the saved batch statistics). Read there, they would be saved for backward, and when
+    the batch norm is recomputed in backward its stats-free overload has no new statistics to
+    offer, so the forward's copies would stay alive through backward without the plan knowing.
+    Returns how many calls were untied."""
+    untied = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.native_batch_norm_backward.default:
+            continue
+        args = list(node.args)
+        if args[7] is True and (args[3] is not None or args[4] is not None):
+            args[3] = args[4] = None
+            node.args = tuple(args)
+            untied += 1
+    if untied:
+        gm.recompile()
+    return untied
 
 
 def _is_loss(node: object) -> bool:
