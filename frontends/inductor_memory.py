@@ -174,6 +174,8 @@ def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
     from torch._inductor import ir
     from torch._inductor.codegen import wrapper as w
 
+    control_flow = tuple(getattr(w, name) for name in ("EnterSubgraphLine", "ConditionalLine", "SwitchLine")
+                         if hasattr(w, name))  # 2.13 has ConditionalLine, 2.14 SwitchLine
     events: list[BufferEvent] = []
     for line in wrapper.lines:
         if isinstance(line, w.AllocateLine):
@@ -201,7 +203,7 @@ def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
             node = graph.try_get_buffer(line.result_name)
             if node is not None and not node.get_inputs_that_alias_output():
                 events.append(BufferEvent("alloc", line.result_name, _buffer_bytes(graph, node)))
-        elif isinstance(line, (w.EnterSubgraphLine, w.ConditionalLine)):
+        elif isinstance(line, control_flow):
             raise NotImplementedError("control flow in an Inductor graph: its memory is not predicted")
     return events
 
