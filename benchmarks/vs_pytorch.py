@@ -281,7 +281,8 @@ def load_saved(path: str) -> tuple[list[Row], dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from vs_pytorch_report import write_plot, write_report
+    from vs_pytorch_plot import write_plot
+    from vs_pytorch_report import write_report
 
     args = parse_args(argv)
     warnings.filterwarnings("ignore")

@@ -1,4 +1,5 @@
-"""The Markdown report and the plot of `vs_pytorch.py`, and the issue's targets checked on its rows.
+"""The Markdown report of `vs_pytorch.py` and the issue's targets checked on its rows (the plot:
+`vs_pytorch_plot`).
 
 Extra FLOPs are a strategy's measured step FLOPs minus plain autograd's (``FlopCounterMode``
 counts matmuls, convolutions and attention; pointwise ops count zero). remat-opt runs once per
@@ -31,8 +32,6 @@ the FLOP objective existed used, so their JSON still reads."""
 FLOP_OBJECTIVE = "remat-opt (flop-count)"
 """remat-opt minimizing the FLOPs FlopCounterMode counts (the ``flop-count`` cost model)."""
 OURS = (TIME_OBJECTIVE, FLOP_OBJECTIVE)
-MARKERS = {"plain": ("o", "black"), "per-block": ("s", "tab:blue"), "sac": ("D", "tab:green"),
-           "compile": ("^", "tab:orange"), TIME_OBJECTIVE: ("x", "tab:red"), FLOP_OBJECTIVE: ("+", "tab:purple")}
 LABELS = {TIME_OBJECTIVE: "remat-opt, time objective", FLOP_OBJECTIVE: "remat-opt, FLOP objective"}
 
 
@@ -40,7 +39,7 @@ def _mib(nbytes: int | None) -> str:
     return "" if nbytes is None else f"{nbytes / 2**20:.3f} MiB"
 
 
-def _extra(row, plain) -> int:
+def extra_flops(row, plain) -> int:
     return row.metrics.flops - plain.metrics.flops
 
 
@@ -48,7 +47,7 @@ def _pct(extra: int, plain) -> str:
     return f"{extra / 1e6:.2f} M ({100 * extra / plain.metrics.flops:.1f}%)"
 
 
-def _modelled(row, plain) -> float:
+def modelled_extra(row, plain) -> float:
     """Extra modelled time (remat-opt's ``flops`` cost model on the ops that ran), % of plain's."""
     return 100 * (row.metrics.modelled_s / plain.metrics.modelled_s - 1)
 
@@ -62,7 +61,7 @@ class Verdict:
     detail: str
 
 
-def _by_model(rows) -> dict[str, list]:
+def by_model(rows) -> dict[str, list]:
     grouped: dict[str, list] = {}
     for row in rows:
         grouped.setdefault(row.model, []).append(row)
@@ -91,16 +90,16 @@ def _peer_verdicts(model: str, group: list, peer) -> list[Verdict]:
     peak = peer.metrics.peak_bytes
     verdicts = []
     flop_rows = _ours(group, FLOP_OBJECTIVE)
-    best = _best_within(flop_rows, peak, lambda r: _extra(r, plain))
+    best = _best_within(flop_rows, peak, lambda r: extra_flops(r, plain))
     if not flop_rows:
         verdicts.append(Verdict(model, f"1: FLOPs vs {name}", None, NO_FLOP_ROWS))
     elif best is None:
         verdicts.append(Verdict(model, f"1: FLOPs vs {name}", False, f"FLOP objective cannot reach {_mib(peak)}"))
     else:
         verdicts.append(Verdict(
-            model, f"1: FLOPs vs {name}", _extra(best, plain) <= _extra(peer, plain),
-            f"peer {_mib(peak)}, +{_pct(_extra(peer, plain), plain)}; FLOP objective "
-            f"{_mib(best.metrics.peak_bytes)}, +{_pct(_extra(best, plain), plain)}"))
+            model, f"1: FLOPs vs {name}", extra_flops(best, plain) <= extra_flops(peer, plain),
+            f"peer {_mib(peak)}, +{_pct(extra_flops(peer, plain), plain)}; FLOP objective "
+            f"{_mib(best.metrics.peak_bytes)}, +{_pct(extra_flops(best, plain), plain)}"))
     time_rows = _ours(group, TIME_OBJECTIVE)
     fastest = _best_within(time_rows, peak, lambda r: r.metrics.modelled_s)
     if not time_rows:
@@ -109,8 +108,8 @@ def _peer_verdicts(model: str, group: list, peer) -> list[Verdict]:
     verdicts.append(Verdict(
         model, f"1t: modelled time vs {name}",
         fastest is not None and fastest.metrics.modelled_s <= peer.metrics.modelled_s,
-        f"peer {_mib(peak)}, {_modelled(peer, plain):+.1f}%; time objective " +
-        (f"{_mib(fastest.metrics.peak_bytes)}, {_modelled(fastest, plain):+.1f}%" if fastest
+        f"peer {_mib(peak)}, {modelled_extra(peer, plain):+.1f}%; time objective " +
+        (f"{_mib(fastest.metrics.peak_bytes)}, {modelled_extra(fastest, plain):+.1f}%" if fastest
          else f"cannot reach {_mib(peak)}")))
     return verdicts
 
@@ -127,7 +126,7 @@ def _monotone_verdict(model: str, ours: list, objective: str) -> Verdict:
 
 def check_targets(rows) -> list[Verdict]:
     verdicts: list[Verdict] = []
-    for model, group in _by_model(rows).items():
+    for model, group in by_model(rows).items():
         plain = group[0]
         for peer in (r for r in group if r.strategy in PEERS):
             verdicts += _peer_verdicts(model, group, peer)
@@ -138,13 +137,13 @@ def check_targets(rows) -> list[Verdict]:
         if model in TRANSFORMERS and blocks is not None and blocks.metrics is not None:
             what = "3: <= half of per-block's extra FLOPs at its peak (FLOP objective)"
             flop_rows = _ours(group, FLOP_OBJECTIVE)
-            best = _best_within(flop_rows, blocks.metrics.peak_bytes, lambda r, p=plain: _extra(r, p))
+            best = _best_within(flop_rows, blocks.metrics.peak_bytes, lambda r, p=plain: extra_flops(r, p))
             if not flop_rows:
                 verdicts.append(Verdict(model, what, None, NO_FLOP_ROWS))
                 continue
-            ok = best is not None and 2 * _extra(best, plain) <= _extra(blocks, plain)
-            verdicts.append(Verdict(model, what, ok, f"per-block +{_pct(_extra(blocks, plain), plain)}; FLOP "
-                                    "objective " + (f"+{_pct(_extra(best, plain), plain)}" if best else "cannot reach it")))
+            ok = best is not None and 2 * extra_flops(best, plain) <= extra_flops(blocks, plain)
+            verdicts.append(Verdict(model, what, ok, f"per-block +{_pct(extra_flops(blocks, plain), plain)}; FLOP "
+                                    "objective " + (f"+{_pct(extra_flops(best, plain), plain)}" if best else "cannot reach it")))
     return verdicts
 
 
@@ -160,7 +159,7 @@ def _summary_table(groups, objective: str) -> list[str]:
         plain = group[0]
 
         def share(row, plain=plain) -> float:
-            return 100 * _extra(row, plain) / plain.metrics.flops if by_flops else _modelled(row, plain)
+            return 100 * extra_flops(row, plain) / plain.metrics.flops if by_flops else modelled_extra(row, plain)
 
         ours = _ours(group, objective)
         cells = [model, _mib(plain.metrics.peak_bytes)]
@@ -197,8 +196,8 @@ def _model_table(group) -> list[str]:
                        f"{r.planned_extra_flops / 1e6:.2f} M")
         lines.append(
             f"| {r.strategy} | {r.setting} | {_mib(m.peak_bytes)} | "
-            f"{100 * m.peak_bytes / plain.metrics.peak_bytes:.1f}% | {_pct(_extra(r, plain), plain)} | "
-            f"{_modelled(r, plain):+.1f}% | {m.time_s * 1e3:.1f} ms ({m.time_s / plain.metrics.time_s:.2f}x) | "
+            f"{100 * m.peak_bytes / plain.metrics.peak_bytes:.1f}% | {_pct(extra_flops(r, plain), plain)} | "
+            f"{modelled_extra(r, plain):+.1f}% | {m.time_s * 1e3:.1f} ms ({m.time_s / plain.metrics.time_s:.2f}x) | "
             f"{r.prepare_s:.1f} | {m.grad_error:.1e} | {m.state_error:.1e} | {planned} | {r.note} |")
     return lines
 
@@ -280,7 +279,7 @@ def write_report(rows, path: str, *, run: dict, plot_name: str) -> None:
     machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs), torch "
                f"{torch.__version__}, device {run['device']}, one intra-op thread; load average at the "
                f"end of the run {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
-    groups = _by_model(rows)
+    groups = by_model(rows)
     blocks = ", ".join(f"{m}: `{'`, `'.join(BLOCKS[m])}`" for m in groups if m in BLOCKS)
     out = ["# remat-opt vs PyTorch's own rematerialization (measured)", "",
            (f"Command: `{run['command']}` ({run['elapsed_s']:.0f} s). Machine: {machine}. "
@@ -322,44 +321,3 @@ def write_report(rows, path: str, *, run: dict, plot_name: str) -> None:
         out += ["", f"## {model}", ""] + _model_table(group)
     with open(path, "w") as fh:
         fh.write("\n".join(out) + "\n")
-
-
-def write_plot(rows, path: str) -> None:
-    """Per model two panels: measured peak (MiB) against extra FLOPs (the FLOP objective's measure)
-    and against extra modelled time (the time objective's), one marker per strategy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = _by_model(rows)
-    measures = (("extra FLOPs (% of plain)", lambda r, plain: 100 * _extra(r, plain) / plain.metrics.flops),
-                ("extra modelled time (% of plain)", _modelled))
-    cols = 4  # two models per figure row
-    nrows = (2 * len(groups) + 1 + cols - 1) // cols  # one spare panel for the legend
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.6 * nrows), squeeze=False)
-    panels = iter(axes.flat)
-    for model, group in groups.items():
-        plain = group[0]
-        for (ylabel, measure), ax in zip(measures, panels):
-            for strategy, (marker, color) in MARKERS.items():
-                pts = sorted((r.metrics.peak_bytes / 2**20, measure(r, plain))
-                             for r in group if r.strategy == strategy and r.metrics is not None)
-                if pts:
-                    xs, ys = zip(*pts)
-                    ax.plot(xs, ys, marker=marker, color=color, linestyle="-" if strategy in OURS else "",
-                            markersize=7, alpha=0.85)
-            ax.set_title(f"{model}: {ylabel.split(' (')[0]}")
-            ax.set_xlabel("measured peak (MiB)")
-            ax.set_ylabel(ylabel)
-            ax.set_yscale("symlog", linthresh=10)  # linear to 10%, then logarithmic (recompute-all)
-            ax.grid(alpha=0.3)
-    spare = list(panels)
-    for ax in spare:
-        ax.axis("off")
-    handles = [plt.Line2D([], [], marker=m, color=c, linestyle="-" if s in OURS else "", label=LABELS.get(s, s))
-               for s, (m, c) in MARKERS.items()]
-    spare[0].legend(handles=handles, loc="center", fontsize=11, title="one step, measured")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
