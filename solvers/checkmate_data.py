@@ -204,6 +204,17 @@ def _keep_slots(data: _Data) -> Iterator[tuple[int, int, bool]]:
             yield t, v, v in data.held and t >= data.n_forward
 
 
+def _free_once_slots(data: _Data, free: dict) -> Iterator[tuple[int, int, list]]:
+    """(t, v, frees): the free variables of each live copy of v in stage t, for the (redundant)
+    free-once constraint every back-end adds; none before a tangent arrives."""
+    frees: dict[tuple[int, int], list] = {}
+    for (t, v, _k), f in free.items():
+        frees.setdefault((t, v), []).append(f)
+    for (t, v), fs in sorted(frees.items()):
+        if not (data.producer[v] is None and t < data.first_stage[v]):
+            yield t, v, fs
+
+
 def _computed(data: _Data, model, t: int, v: int):
     """R of v's group in stage t (0 for tangents and where no variable exists)."""
     g = data.producer[v]

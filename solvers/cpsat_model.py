@@ -16,6 +16,7 @@ from optimizer.schedule import Schedule
 from solvers.checkmate_data import (
     _computed,
     _Data,
+    _free_once_slots,
     _is_const,
     _keep,
     _keep_slots,
@@ -215,12 +216,7 @@ def _build(data: _Data, budget: int, *, minimize_peak: bool = False,
                 m.model.add_bool_or([~lit for lit in lits] + [f])
 
     # ---- free once: a live copy is kept or freed once (redundant, as in the MILP).
-    frees: dict[tuple[int, int], list] = {}
-    for (t, v, k), f in m.FREE.items():
-        frees.setdefault((t, v), []).append(f)
-    for (t, v), fs in sorted(frees.items()):
-        if data.producer[v] is None and t < data.first_stage[v]:
-            continue
+    for t, v, fs in _free_once_slots(data, m.FREE):
         _add_le(m, [(m.S.get((t + 1, v), 0), 1)] + [(f, 1) for f in fs],
                 [(m.S.get((t, v), 0), 1), (_computed(data, m, t, v), 1)])
 

@@ -16,6 +16,7 @@ from optimizer.schedule import Schedule
 from solvers.checkmate_data import (
     _computed,
     _Data,
+    _free_once_slots,
     _is_const,
     _keep,
     _keep_slots,
@@ -181,12 +182,7 @@ def _add_free_once_constraints(data: _Data, model: _Model) -> None:
     # Each live copy of a value is either kept into the next stage or freed at most once:
     # S[t+1, v] + sum_k FREE[t, v, k] <= S[t, v] + R[t, group(v)]. In integer solutions this
     # follows from the rest; it stops the LP relaxation from freeing bytes it never held.
-    frees: dict[tuple[int, int], list] = {}
-    for (t, v, k), f in model.FREE.items():
-        frees.setdefault((t, v), []).append(f)
-    for (t, v), fs in sorted(frees.items()):
-        if data.producer[v] is None and t < data.first_stage[v]:
-            continue
+    for t, v, fs in _free_once_slots(data, model.FREE):
         lhs = _affine([(model.S.get((t + 1, v), 0), 1)] + [(f, 1) for f in fs])
         live = _affine([(model.S.get((t, v), 0), 1), (_computed(data, model, t, v), 1)])
         _add(model, lhs <= live, f"freeonce_{t}_{v}")
