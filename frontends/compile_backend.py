@@ -31,15 +31,14 @@ from typing import Any
 import torch
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
-from frontends.export_passes import untie_batch_norm_backward
 from frontends.compile_errors import own_error_to_raise, planning_errors
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
 from frontends.dynamo_joint import (
     graph_footprint,
     mark_parameters,
-    tag_inserted_backward_nodes,
 )
+from frontends.export_passes import untie_batch_norm_backward
 from frontends.graph_budget import (
     GraphFootprint,
     StepBudgetSummary,
@@ -214,7 +213,6 @@ class RematBackend:
     def _partition(self, joint_module: torch.fx.GraphModule, joint_inputs, num_fwd_outputs: int,
                    static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
-        tag_inserted_backward_nodes(joint_module)
         untie_batch_norm_backward(joint_module)  # as capture() does: see there
         try:
             graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}")

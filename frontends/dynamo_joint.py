@@ -1,11 +1,12 @@
 """What the compile backend adjusts in a joint graph that dynamo and Inductor hand it.
 
 capture() exports the model itself; under ``torch.compile`` the joint graph comes from dynamo
-and, with Inductor, after Inductor's joint-graph passes. Three differences matter to planning
-and to the step's budget split: nodes those passes insert carry no ``partitioner_tag``
-(`tag_inserted_backward_nodes`), dynamo lifts parameters to plain inputs that AOTAutograd names
-only by index (`mark_parameters`), and only parameter gradients outlive a graph's backward
-(`graph_footprint`, one graph's terms in `frontends.graph_budget`).
+and, with Inductor, after Inductor's joint-graph passes (nodes those passes insert carry no
+``partitioner_tag``; `frontends.capture.build_remat_graph` places a node that reads a backward
+value in backward, tagged or not). Two differences matter to the step's budget split: dynamo
+lifts parameters to plain inputs that AOTAutograd names only by index (`mark_parameters`), and
+only parameter gradients outlive a graph's backward (`graph_footprint`, one graph's terms in
+`frontends.graph_budget`).
 """
 
 from __future__ import annotations
@@ -17,20 +18,6 @@ import torch
 from frontends.graph_budget import GraphFootprint
 from optimizer.graph import NodeKind, RematGraph
 from optimizer.plan import Plan
-
-
-def tag_inserted_backward_nodes(gm: torch.fx.GraphModule) -> None:
-    """Inductor's joint-graph passes insert nodes without a ``partitioner_tag`` (e.g. an
-    ``expand`` after the cross-entropy backward's ``where``); one that reads a backward value
-    runs in backward. Tag it, or capture would place it in forward before its own input."""
-    backward: set[torch.fx.Node] = set()
-    for node in gm.graph.nodes:
-        tag = node.meta.get("partitioner_tag")
-        if tag == "is_backward" or (node.op == "placeholder" and node.name.startswith("tangents")):
-            backward.add(node)
-        elif tag is None and node.op == "call_function" and any(a in backward for a in node.all_input_nodes):
-            node.meta["partitioner_tag"] = "is_backward"
-            backward.add(node)
 
 
 def mark_parameters(graph: RematGraph, gm: torch.fx.GraphModule, static: list[int]) -> RematGraph:
