@@ -63,7 +63,8 @@ def _droppable(graph: RematGraph) -> frozenset[str]:
     return frozenset(read_in_backward - kept)
 
 
-def _recompute_cost(graph: RematGraph, name: str) -> float:
+def recompute_cost(graph: RematGraph, name: str) -> float:
+    """What recomputing ``name``'s op costs (never 0, so it can divide)."""
     return sum(graph[m].cost for m in graph.group_of(name)) or 1e-12
 
 
@@ -75,9 +76,9 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
     best_schedule = schedule_from_saved(graph, frozenset(saved), once)
     best = simulate(graph, best_schedule)
     while best.peak_bytes > budget_bytes and saved and time.perf_counter() < deadline:
-        live_at_peak = _live_at(graph, best_schedule, best.peak_step)
+        live_at_peak = live_at(best_schedule, best.peak_step)
         pool = [v for v in saved if v in live_at_peak] or list(saved)
-        pool.sort(key=lambda v: (-graph[v].bytes / _recompute_cost(graph, v), v))
+        pool.sort(key=lambda v: (-graph[v].bytes / recompute_cost(graph, v), v))
         trial_best = None
         for v in pool[:CANDIDATES_PER_STEP]:
             trial = frozenset(saved - {v})
@@ -91,18 +92,21 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
         _, dropped, best_schedule, best = trial_best
         saved.discard(dropped)
     if best.peak_bytes <= budget_bytes:
-        best_schedule, best = _resave(graph, saved, best_schedule, best, budget_bytes, deadline, once)
+        best_schedule, best = resave(graph, saved, best_schedule, best, budget_bytes, deadline,
+                                     _droppable(graph), once)
     return best_schedule, best
 
 
-def _resave(graph, saved, schedule, result, budget_bytes, deadline, once):
-    """Put back, most expensive recomputation first, every dropped value that still fits."""
-    dropped = sorted(_droppable(graph) - saved, key=lambda v: (-_recompute_cost(graph, v), v))
-    for v in dropped:
+def resave(graph: RematGraph, saved: set[str], schedule: Schedule, result: SimulationResult,
+           budget_bytes: int, deadline: float, pool, once: bool,
+           limit: int | None = None) -> tuple[Schedule, SimulationResult]:
+    """Put back into ``saved``, most expensive recomputation first, each value of ``pool`` (the
+    first ``limit`` not saved) that still fits the budget and makes the schedule cheaper."""
+    ranked = sorted((v for v in pool if v not in saved), key=lambda v: (-recompute_cost(graph, v), v))
+    for v in ranked[:limit]:
         if time.perf_counter() >= deadline:
             break
-        trial = frozenset(saved | {v})
-        candidate = schedule_from_saved(graph, trial, once)
+        candidate = schedule_from_saved(graph, frozenset(saved | {v}), once)
         sim = simulate(graph, candidate)
         if sim.peak_bytes <= budget_bytes and sim.total_cost < result.total_cost:
             saved.add(v)
@@ -110,7 +114,7 @@ def _resave(graph, saved, schedule, result, budget_bytes, deadline, once):
     return schedule, result
 
 
-def _live_at(graph: RematGraph, schedule: Schedule, step: int) -> set[str]:
+def live_at(schedule: Schedule, step: int) -> set[str]:
     """Values live when step ``step`` runs (-1: the boundary)."""
     steps = schedule.steps
     stop = len(schedule.forward) if step < 0 else step

@@ -13,27 +13,12 @@ import time
 from collections.abc import Mapping
 
 from optimizer.graph import RematGraph
-from optimizer.schedule import Schedule, StepKind
+from optimizer.schedule import Schedule
 from optimizer.simulator import SimulationResult, simulate
-from solvers.greedy import schedule_from_saved
+from solvers.greedy import live_at, recompute_cost, resave, schedule_from_saved
 
 RESAVE_CANDIDATES = 48
 """How many dropped values, most expensive first, the re-save pass tries to put back."""
-
-
-def _live_at(schedule: Schedule, step: int) -> set[str]:
-    stop = len(schedule.forward) if step < 0 else step
-    live: set[str] = set()
-    for s in schedule.steps[:stop]:
-        if s.kind is StepKind.COMPUTE:
-            live.add(s.node)
-        else:
-            live.discard(s.node)
-    return live
-
-
-def _group_cost(graph: RematGraph, name: str) -> float:
-    return sum(graph[m].cost for m in graph.group_of(name)) or 1e-12
 
 
 def repair_saved_set(graph: RematGraph, saved: frozenset[str], budget_bytes: int, deadline: float,
@@ -46,13 +31,14 @@ def repair_saved_set(graph: RematGraph, saved: frozenset[str], budget_bytes: int
     Repairs twice, recomputing each dropped closure per reader and once (see
     `schedule_from_saved`), and keeps the cheaper: neither variant dominates.
     """
-    found = [s for once in (False, True)
-             if (s := _repair(graph, saved, budget_bytes, deadline, order or {}, candidates, once)) is not None]
-    return min(found, key=lambda s: simulate(graph, s).total_cost, default=None)
+    found = [r for once in (False, True)
+             if (r := _repair(graph, saved, budget_bytes, deadline, order or {}, candidates, once)) is not None]
+    return min(found, key=lambda r: r[1].total_cost, default=(None, None))[0]
 
 
 def _repair(graph: RematGraph, saved: frozenset[str], budget_bytes: int, deadline: float,
-            order: Mapping[str, float], candidates: frozenset[str] | None, once: bool) -> Schedule | None:
+            order: Mapping[str, float], candidates: frozenset[str] | None,
+            once: bool) -> tuple[Schedule, SimulationResult] | None:
     kept = set(saved)
     schedule = schedule_from_saved(graph, frozenset(kept), once)
     sim = simulate(graph, schedule)
@@ -60,28 +46,13 @@ def _repair(graph: RematGraph, saved: frozenset[str], budget_bytes: int, deadlin
     while sim.peak_bytes > budget_bytes:
         if not kept or time.perf_counter() > deadline:
             return None
-        live = _live_at(schedule, sim.peak_step)
+        live = live_at(schedule, sim.peak_step)
         pool = [v for v in kept if v in live] or list(kept)
         victim = max(pool, key=lambda v: ((1.0 - order.get(v, 0.0)) + 1e-3)
-                     * graph[v].bytes / _group_cost(graph, v))
+                     * graph[v].bytes / recompute_cost(graph, v))
         kept.discard(victim)
         dropped.add(victim)
         schedule = schedule_from_saved(graph, frozenset(kept), once)
         sim = simulate(graph, schedule)
-    return _resave(graph, kept, schedule, sim, budget_bytes, deadline,
-                   (candidates or frozenset()) | dropped, once)
-
-
-def _resave(graph: RematGraph, kept: set[str], schedule: Schedule, sim: SimulationResult,
-            budget_bytes: int, deadline: float, pool: frozenset[str] | set[str], once: bool) -> Schedule:
-    """Put back, most expensive recomputation first, each value that still fits and helps."""
-    ranked = sorted((v for v in pool if v not in kept), key=lambda v: (-_group_cost(graph, v), v))
-    for v in ranked[:RESAVE_CANDIDATES]:
-        if time.perf_counter() > deadline:
-            break
-        trial = schedule_from_saved(graph, frozenset(kept | {v}), once)
-        trial_sim = simulate(graph, trial)
-        if trial_sim.peak_bytes <= budget_bytes and trial_sim.total_cost < sim.total_cost:
-            kept.add(v)
-            schedule, sim = trial, trial_sim
-    return schedule
+    return resave(graph, kept, schedule, sim, budget_bytes, deadline,
+                  (candidates or frozenset()) | dropped, once, RESAVE_CANDIDATES)
