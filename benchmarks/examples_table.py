@@ -22,9 +22,9 @@ import torch  # noqa: E402
 from frontends.capture import capture  # noqa: E402
 from frontends.measure import measure_step  # noqa: E402
 from frontends.model_file import load_model_file  # noqa: E402
-from optimizer.api import optimize  # noqa: E402
-from optimizer.budget import format_bytes  # noqa: E402
-from optimizer.planner import plan_graph  # noqa: E402
+from optimizer.app.api import optimize  # noqa: E402
+from optimizer.ir.budget import format_bytes  # noqa: E402
+from optimizer.planning.planner import plan_graph  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
 
 EXAMPLES = ("mlp", "gpt", "convnet")

@@ -36,7 +36,7 @@ from frontends.measure import measure_step  # noqa: E402
 from frontends.model_file import load_model_file  # noqa: E402
 from frontends.profile import profile_step  # noqa: E402
 from frontends.remat_module import RematModule  # noqa: E402
-from optimizer.planner import plan_graph  # noqa: E402
+from optimizer.planning.planner import plan_graph  # noqa: E402
 
 TOLERANCE = 0.15
 

@@ -26,10 +26,10 @@ import torch  # noqa: E402
 
 from examples import gpt2  # noqa: E402
 from frontends.capture import capture  # noqa: E402
-from frontends.meta_plan import plan_without_hardware  # noqa: E402
-from optimizer.planner import block_of  # noqa: E402
-from optimizer.reduce import reduce_graph  # noqa: E402
-from optimizer.simulator import simulate  # noqa: E402
+from optimizer.app.meta_plan import plan_without_hardware  # noqa: E402
+from optimizer.ir.reduce import reduce_graph  # noqa: E402
+from optimizer.ir.simulator import simulate  # noqa: E402
+from optimizer.planning.planner import block_of  # noqa: E402
 from solvers import get_solver  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.baselines import store_all_schedule  # noqa: E402

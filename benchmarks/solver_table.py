@@ -28,9 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from optimizer.api import capture_with_costs  # noqa: E402
-from optimizer.budget import format_bytes  # noqa: E402
-from optimizer.simulator import simulate  # noqa: E402
+from frontends.costed_capture import capture_with_costs  # noqa: E402
+from optimizer.ir.budget import format_bytes  # noqa: E402
+from optimizer.ir.simulator import simulate  # noqa: E402
 from solvers import get_solver  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
 from solvers.baselines import recompute_all_schedule, store_all_schedule  # noqa: E402
@@ -48,8 +48,9 @@ EXACT = {"milp-highs", "milp-cbc", "cpsat"}
 
 
 def _graphs(names: list[str]):
-    from e2e_helpers import example_path, load_example
     import importlib.util
+
+    from e2e_helpers import example_path, load_example
 
     for name in names:
         if name == "gpt-1-block":
@@ -65,7 +66,7 @@ def _graphs(names: list[str]):
 
 def _one(label: str, graph, budget: int, time_limit: float):
     solver, backend = SOLVERS[label]
-    options = SolverOptions(time_limit_s=time_limit, backend=backend)
+    options = SolverOptions(time_limit_s=time_limit, milp_engine=backend)
     start = time.perf_counter()
     try:
         result = get_solver(solver)(graph, budget, options)

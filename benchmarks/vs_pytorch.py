@@ -197,8 +197,8 @@ class ModelBench:
                 self.rows.append(self._remat_opt_row(strategy, captured.graph, budget, setting))
 
     def _remat_opt_row(self, strategy: str, graph, budget: int, setting: str) -> Row:
-        from optimizer.allocator import allocator_for
-        from optimizer.planner import plan_graph
+        from optimizer.ir.allocator import allocator_for
+        from optimizer.planning.planner import plan_graph
         from solvers.base import InfeasibleBudgetError, SolverOptions
 
         allocator = allocator_for(self.inputs[0].device.type)  # CUDA: 512-byte blocks, as measured

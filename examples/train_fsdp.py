@@ -4,7 +4,7 @@
 
 Each rank captures its own micro-batch's step, plans it for a per-rank budget (the strategy's
 resident parameters, gradients and communication buffers deducted, see
-`frontends.distributed_budget`), wraps the remat module with ``fully_shard`` or
+`optimizer.planning.distributed_budget`), wraps the remat module with ``fully_shard`` or
 ``DistributedDataParallel`` and trains with SGD. Rank 0 prints the per-rank budget, the planned
 and the measured rank peak (`frontends.resize_tracker`, which sees FSDP2's in-place parameter
 storage resizes, plus DDP's buckets measured when DDP wraps the module), and the losses.
@@ -33,13 +33,13 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from frontends.distributed_budget import (
+    from frontends.costed_capture import capture_with_costs
+    from frontends.remat_module import RematModule
+    from optimizer.planning.distributed_budget import (
         DataParallelConfig,
         format_rank_breakdown,
         plan_for_rank,
     )
-    from frontends.remat_module import RematModule
-    from optimizer.api import capture_with_costs
     from solvers.base import SolverOptions
 
     gpt = _gpt()

@@ -27,7 +27,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
-from frontends.data_parallel import check_no_sharded_submodules
 from frontends.export_passes import (
     check_grad_outputs,
     detach_gradient_free_outputs,
@@ -35,7 +34,8 @@ from frontends.export_passes import (
     untie_batch_norm_backward,
 )
 from frontends.fakify import fakify_meta, has_meta_tensors
-from optimizer.graph import Node, NodeKind, Phase, RematGraph
+from frontends.sharding import check_no_sharded_submodules
+from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 
 
 class CaptureError(RuntimeError):

@@ -13,7 +13,7 @@ compiled step from above; as Inductor compiles each half, the backend reads the 
 the code it generated (`frontends.inductor_memory`) and records the compiled step's own peak in
 ``GraphPlan.compiled_peak`` (and in the graph's footprint, so `summary` uses it).
 
-Graph breaks give several graphs per step; `frontends.graph_budget` says how the step's budget is
+Graph breaks give several graphs per step; `optimizer.planning.graph_budget` says how the step's budget is
 shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
 second graph, the exact mode. Every plan made is kept in ``backend.plans``. An error of remat-opt's
 (a budget too small, a graph break under ``fullgraph``) reaches the caller as itself, not wrapped
@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._functorch import config as functorch_config
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
 from frontends.compile_errors import own_error_to_raise, planning_errors
@@ -39,12 +41,6 @@ from frontends.dynamo_joint import (
     mark_parameters,
 )
 from frontends.export_passes import untie_batch_norm_backward
-from frontends.graph_budget import (
-    GraphFootprint,
-    StepBudgetSummary,
-    graph_budget,
-    summarize,
-)
 from frontends.inductor_memory import (
     CompiledPeak,
     WrapperMemoryPlan,
@@ -53,11 +49,17 @@ from frontends.inductor_memory import (
 )
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
-from optimizer.allocator import AllocatorModel
-from optimizer.budget import parse_bytes, resolve_budget
-from optimizer.graph import RematGraph
-from optimizer.plan import Plan
-from optimizer.planner import plan_graph
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.ir.budget import parse_bytes, resolve_budget
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.plan import Plan
+from optimizer.planning.graph_budget import (
+    GraphFootprint,
+    StepBudgetSummary,
+    graph_budget,
+    summarize,
+)
+from optimizer.planning.planner import plan_graph
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 
@@ -99,8 +101,8 @@ class GraphPlan:
 def inductor_available() -> bool:
     """Inductor's CPU code needs a C++ compiler; CUDA code needs Triton."""
     try:
-        from torch._inductor import compile_fx  # noqa: F401
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor import compile_fx  # noqa: F401  # heavy: Inductor, imported only on its path
+        from torch._inductor.cpp_builder import get_cpp_compiler  # heavy: Inductor, imported only on its path
 
         get_cpp_compiler()
         return True
@@ -114,7 +116,7 @@ class RematBackend:
     def __init__(self, budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
                  compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                  threads: int = 1, allocator: AllocatorModel | None = None,
-                 milp_backend: str = "auto"):
+                 milp_engine: str = "auto"):
         self.percent = isinstance(budget, str) and budget.strip().endswith("%")
         if self.percent:
             resolve_budget(budget, 1)  # a malformed budget fails here, not in the middle of a compile
@@ -131,7 +133,7 @@ class RematBackend:
             compiler = "inductor" if inductor_available() else "eager"
         self.compiler = compiler
         self.solver = solver
-        self.options = SolverOptions(time_limit_s=time_limit, threads=threads, backend=milp_backend)
+        self.options = SolverOptions(time_limit_s=time_limit, threads=threads, milp_engine=milp_engine)
         self.cost_model_name = cost_model
         self.fullgraph = fullgraph
         self.allocator = allocator
@@ -155,14 +157,13 @@ class RematBackend:
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         if self.compiler == "inductor":
-            from torch._functorch import config as functorch_config
-            from torch._inductor.compile_fx import compile_fx
+            from torch._inductor.compile_fx import compile_fx  # heavy: Inductor, imported only on its path
 
             # No cache: a cached graph would skip planning (no plan in `plans`, no budget split).
             with functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, inner_compile=self._inductor_inner, config_patches={
                     "custom_partitioner_fn": self.partitioner(), "fx_graph_cache": False})
-        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.common import aot_autograd  # heavy: dynamo, imported only when torch.compile runs
 
         return aot_autograd(fw_compiler=self._eager("forward"), bw_compiler=self._eager("backward"),
                             partition_fn=self.partition)(gm, example_inputs)
@@ -171,7 +172,7 @@ class RematBackend:
         """Inductor's ``compile_fx_inner`` for the planned forward or backward, recording the
         buffer plan of the wrapper it generates; once both halves are in, the plan gets its
         Inductor-aware peak (`frontends.inductor_memory`)."""
-        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.compile_fx import compile_fx_inner  # heavy: Inductor, imported only on its path
 
         recorded: list[WrapperMemoryPlan] = []
         with recording_wrapper_plans(recorded):
@@ -305,7 +306,7 @@ def find_graph_breaks(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Grap
 
 def _partitioner_base():
     try:
-        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn  # heavy: Inductor, imported only on its path
         return CustomPartitionerFn
     except ImportError:  # older torch: Inductor takes no custom partitioner
         return object
@@ -325,9 +326,7 @@ class RematPartitioner(_partitioner_base()):
     def uuid(self):
         """Inductor's cache key for this partitioner: the planning code and every setting a plan
         depends on, including what earlier graphs hold (the budget split)."""
-        import os
-
-        from torch._inductor.custom_graph_pass import get_hash_for_files
+        from torch._inductor.custom_graph_pass import get_hash_for_files  # heavy: Inductor, imported only on its path
 
         here = os.path.dirname(os.path.abspath(__file__))
         root = os.path.dirname(here)
@@ -343,7 +342,7 @@ class RematPartitioner(_partitioner_base()):
 def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
                   compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                   threads: int = 1, allocator: AllocatorModel | None = None,
-                  milp_backend: str = "auto") -> RematBackend:
+                  milp_engine: str = "auto") -> RematBackend:
     """A backend for ``torch.compile(model, backend=remat_backend(budget="60%"))``.
 
     ``budget``: bytes of the whole training step as in `optimizer.optimize` (parameters,
@@ -355,4 +354,4 @@ def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float 
     """
     return RematBackend(budget, solver=solver, time_limit=time_limit, compiler=compiler,
                         cost_model=cost_model, fullgraph=fullgraph, threads=threads,
-                        allocator=allocator, milp_backend=milp_backend)
+                        allocator=allocator, milp_engine=milp_engine)

@@ -45,7 +45,7 @@ def _original_message(self: BaseException) -> str:
 
 
 def _surfaced_type(cls: type) -> type:
-    from torch._dynamo.exc import ShortenTraceback
+    from torch._dynamo.exc import ShortenTraceback  # heavy: dynamo, imported only when torch.compile runs
 
     if cls not in _surfaced_types:
         _surfaced_types[cls] = type(cls.__name__, (cls, ShortenTraceback), {
@@ -71,7 +71,7 @@ def surfaced(err: BaseException, frame) -> BaseException:
 def own_error_to_raise(err: BaseException, frame) -> BaseException | None:
     """What the backend entry point (``frame``) should raise instead of ``err``: remat-opt's
     tagged error inside it, surfaced; None when ``err`` is not ours (raise it unchanged)."""
-    from torch._dynamo import config
+    from torch._dynamo import config  # heavy: dynamo, imported only when torch.compile runs
 
     own = _own_error(err)
     if own is None:

@@ -118,7 +118,7 @@ class ProfiledAllocations:
 def profile_allocations(fn: Callable[[], Any]) -> ProfiledAllocations:
     """Run ``fn()`` under ``torch.profiler`` (memory events on); they see every CPU allocation,
     Inductor's buffers and DDP's buckets included, and do not make dynamo fall back to eager."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # heavy: the profiler, only when measuring
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()

@@ -2,12 +2,11 @@
 
 `plan_model_for_rank` captures a model and plans it for one rank of a DDP or FSDP2 job (the
 CLI's ``--world-size N --strategy fsdp|ddp`` what-if; the budget terms are in
-`frontends.distributed_budget`). `run_on_ranks` checks that remat-opt composes with DDP and
+`optimizer.planning.distributed_budget`). `run_on_ranks` checks that remat-opt composes with DDP and
 FSDP2 without a cluster: it starts gloo ranks with ``torch.multiprocessing`` (spawn) on a free
 port and fails with a clear error instead of hanging when a rank dies or the run exceeds its
 timeout. `full_gradients` gathers gradients whether they are plain tensors (DDP) or FSDP2's
-sharded DTensors. `check_no_sharded_submodules` refuses a model with FSDP units inside
-(only the remat module as a whole can be sharded).
+sharded DTensors.
 """
 
 from __future__ import annotations
@@ -24,46 +23,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from frontends.distributed_budget import DataParallelConfig, RankPlan, plan_for_rank
-from optimizer.allocator import AllocatorModel
+from frontends.costed_capture import capture_with_costs
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.planning.distributed_budget import DataParallelConfig, RankPlan, plan_for_rank
 from solvers.base import SolverOptions
 
 
 def plan_model_for_rank(model: torch.nn.Module, example_inputs: tuple, budget: int | str,
                         config: DataParallelConfig, *, solver: str = "auto", time_limit: float = 60.0,
                         cost_model: str = "flops", allocator: AllocatorModel | None = None,
-                        backend: str = "auto", verbose: bool = False) -> RankPlan:
+                        milp_engine: str = "auto", verbose: bool = False) -> RankPlan:
     """Capture ``model``'s step on one rank's micro-batch (``example_inputs``) and plan it for a
     per-rank ``budget`` under ``config``."""
-    from optimizer.api import capture_with_costs
-
     captured = capture_with_costs(model, tuple(example_inputs), None, cost_model)
-    options = SolverOptions(time_limit_s=time_limit, verbose=verbose, backend=backend)
+    options = SolverOptions(time_limit_s=time_limit, verbose=verbose, milp_engine=milp_engine)
     return plan_for_rank(captured.graph, budget, config, solver, options, allocator,
                          graph_nodes=len(captured.gm.graph.nodes))
-
-
-class ShardedSubmoduleError(ValueError):
-    """``fully_shard`` (or FSDP1) was applied inside the model a remat module runs."""
-
-
-def check_no_sharded_submodules(model: torch.nn.Module) -> None:
-    """Refuse a model with FSDP-wrapped modules inside: the remat module runs one captured
-    graph and never calls their ``forward``, so their hooks would never all-gather the
-    parameters (the step would read shards, or fail). Sharding the remat module as a whole
-    (``fully_shard(rm)``) is honoured."""
-    if not dist.is_available():  # a torch built without distributed has no FSDP
-        return
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-    wrapped = [name or "the model itself" for name, module in model.named_modules()
-               if isinstance(module, (FSDPModule, FullyShardedDataParallel))]
-    if wrapped:
-        shown = ", ".join(repr(n) for n in wrapped[:3]) + (" ..." if len(wrapped) > 3 else "")
-        raise ShardedSubmoduleError(
-            f"fully_shard was applied to {shown} inside the model given to remat-opt, whose captured "
-            "graph never calls their forward (no all-gather): optimize the unwrapped model and "
-            "apply fully_shard to the module optimize() returns")
 
 
 class RanksFailedError(RuntimeError):

@@ -6,7 +6,7 @@ and, with Inductor, after Inductor's joint-graph passes (nodes those passes inse
 value in backward, tagged or not). Two differences matter to the step's budget split: dynamo
 lifts parameters to plain inputs that AOTAutograd names only by index (`mark_parameters`), and
 only parameter gradients outlive a graph's backward (`graph_footprint`, one graph's terms in
-`frontends.graph_budget`).
+`optimizer.planning.graph_budget`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch._functorch._aot_autograd import descriptors as aot_desc
 
-from frontends.graph_budget import GraphFootprint
-from optimizer.graph import NodeKind, RematGraph
-from optimizer.plan import Plan
+from optimizer.ir.graph import NodeKind, RematGraph
+from optimizer.ir.plan import Plan
+from optimizer.planning.graph_budget import GraphFootprint
 
 
 def mark_parameters(graph: RematGraph, gm: torch.fx.GraphModule, static: list[int]) -> RematGraph:
@@ -38,8 +39,6 @@ def graph_footprint(graph: RematGraph, plan: Plan, gm: torch.fx.GraphModule, val
                static: list[int]) -> GraphFootprint:
     """The graph's terms in the step's budget split. Only parameter gradients outlive the graph's
     backward; the gradients of its inputs are the earlier graph's output gradients (counted there)."""
-    from torch._functorch._aot_autograd import descriptors as aot_desc
-
     output = gm.graph.find_nodes(op="output")[0]
     param_grads = {
         value_of[out.name] for out, desc in zip(output.args[0], output.meta.get("desc") or [])

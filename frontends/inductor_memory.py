@@ -163,7 +163,7 @@ def predict_compiled_peak(forward: WrapperMemoryPlan, backward: WrapperMemoryPla
 
 # --------------------------------------------------------------------- reading Inductor's wrapper
 def _buffer_bytes(graph: Any, node: Any) -> int:
-    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.utils import get_dtype_size  # heavy: Inductor, imported only on its path
 
     elements = graph.sizevars.optimization_hint(graph.get_allocation_storage_size(node), fallback=0)
     return int(elements) * get_dtype_size(node.get_dtype())
@@ -171,8 +171,8 @@ def _buffer_bytes(graph: Any, node: Any) -> int:
 
 def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
     """Translate the wrapper's planned lines (after ``memory_plan_reuse``) into buffer events."""
-    from torch._inductor import ir
-    from torch._inductor.codegen import wrapper as w
+    from torch._inductor import ir  # heavy: Inductor, imported only on its path
+    from torch._inductor.codegen import wrapper as w  # heavy: Inductor, imported only on its path
 
     control_flow = tuple(getattr(w, name) for name in ("EnterSubgraphLine", "ConditionalLine", "SwitchLine")
                          if hasattr(w, name))  # 2.13 has ConditionalLine, 2.14 SwitchLine
@@ -235,8 +235,8 @@ _UNREADABLE = (NotImplementedError, AttributeError, KeyError, TypeError, ValueEr
 def recording_wrapper_plans(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
     """Append a `WrapperMemoryPlan` to ``sink`` for every graph Inductor generates in the block
     (none for a wrapper it cannot read: the compile itself is never affected)."""
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
-    from torch._inductor.virtualized import V
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen  # heavy: Inductor, imported only on its path
+    from torch._inductor.virtualized import V  # heavy: Inductor, imported only on its path
 
     original = PythonWrapperCodegen.memory_plan_reuse
 

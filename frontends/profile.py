@@ -28,8 +28,8 @@ from torch.utils._pytree import tree_flatten
 
 from frontends.capture import CapturedStep
 from frontends.costs import PROFILE_MODEL
-from optimizer.costs_update import with_costs
-from optimizer.graph import RematGraph
+from optimizer.ir.costs_update import with_costs
+from optimizer.ir.graph import RematGraph
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "remat-opt" / "profiles"
 """Where the CLI keeps profiles between runs (tests and library calls pass their own or none)."""

@@ -15,19 +15,19 @@ from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from frontends.capture import CapturedStep
-from frontends.data_parallel import check_no_sharded_submodules
 from frontends.export_passes import guard_gradient_free
 from frontends.rewrite import partition_by_schedule
-from optimizer.plan import Plan
+from frontends.sharding import check_no_sharded_submodules
+from optimizer.ir.plan import Plan
 
 
 def boxed(gm: torch.fx.GraphModule):
     """Run ``gm`` with the boxed calling convention: it clears its argument list, so each
     input (a saved activation, a tangent) is freed after its last use, as the plan assumes."""
     try:
-        from torch.fx.graph import _BoxedCodeGen
+        from torch.fx.graph import _BoxedCodeGen  # optional: private fx API, absent from older torch
     except ImportError:  # older torch: inputs live until the graph returns
-        from functorch.compile import make_boxed_func
+        from functorch.compile import make_boxed_func  # optional: private fx API, absent from older torch
 
         return make_boxed_func(gm)
     gm.graph.set_codegen(_BoxedCodeGen())

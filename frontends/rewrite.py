@@ -20,7 +20,7 @@ from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
 from frontends.capture import CapturedStep
-from optimizer.schedule import Schedule, StepKind
+from optimizer.ir.schedule import Schedule, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"
 

@@ -36,9 +36,9 @@ from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from frontends.capture import CapturedStep
-from optimizer.graph import Phase
-from optimizer.schedule import Schedule
-from optimizer.simulator import InvalidScheduleError, simulate
+from optimizer.ir.graph import Phase
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import InvalidScheduleError, simulate
 
 STRATEGY_NAME = "torch-min-cut"
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

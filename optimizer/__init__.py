@@ -1,6 +1,6 @@
 """remat-opt: fit a PyTorch training step into a memory budget by recomputing activations.
 
-Public API (imported lazily so that ``optimizer.graph`` and the simulator stay torch-free)::
+Public API (imported lazily so that ``optimizer.ir.graph`` and the simulator stay torch-free)::
 
     from optimizer import optimize
     rm = optimize(model, example_inputs, budget="2GB", solver="milp", time_limit=60)
@@ -13,6 +13,7 @@ Public API (imported lazily so that ``optimizer.graph`` and the simulator stay t
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = [
@@ -23,22 +24,21 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "optimize": "optimizer.api", "plan_only": "optimizer.api",
-    "Plan": "optimizer.plan", "BudgetBreakdown": "optimizer.plan",
-    "parse_bytes": "optimizer.budget", "format_bytes": "optimizer.budget",
-    "RematGraph": "optimizer.graph", "Schedule": "optimizer.schedule",
-    "simulate": "optimizer.simulator",
+    "optimize": "optimizer.app.api", "plan_only": "optimizer.app.api",
+    "Plan": "optimizer.ir.plan", "BudgetBreakdown": "optimizer.ir.plan",
+    "parse_bytes": "optimizer.ir.budget", "format_bytes": "optimizer.ir.budget",
+    "RematGraph": "optimizer.ir.graph", "Schedule": "optimizer.ir.schedule",
+    "simulate": "optimizer.ir.simulator",
     "InfeasibleBudgetError": "solvers.base", "SolverOptions": "solvers.base",
     "SolveStatus": "solvers.base", "RematModule": "frontends.remat_module",
     "remat_backend": "frontends.compile_backend", "find_graph_breaks": "frontends.compile_backend",
-    "DataParallelConfig": "frontends.distributed_budget", "plan_for_rank": "frontends.distributed_budget",
-    "rank_breakdown": "frontends.distributed_budget",
+    "DataParallelConfig": "optimizer.planning.distributed_budget",
+    "plan_for_rank": "optimizer.planning.distributed_budget",
+    "rank_breakdown": "optimizer.planning.distributed_budget",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'optimizer' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(_EXPORTS[name]), name)

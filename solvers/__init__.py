@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from optimizer.graph import RematGraph
+from optimizer.ir.graph import RematGraph
 from solvers.base import SolveResult, SolverOptions
 
 Solver = Callable[[RematGraph, int, SolverOptions], SolveResult]
 
 SOLVERS: dict[str, tuple[str, str]] = {
     "auto": ("solvers.auto", "solve_auto"),
-    "milp": ("solvers.milp", "solve_milp"),
-    "cpsat": ("solvers.cpsat", "solve_cpsat"),
+    "milp": ("solvers.checkmate.milp", "solve_milp"),
+    "cpsat": ("solvers.checkmate.cpsat", "solve_cpsat"),
     "greedy": ("solvers.greedy", "solve_greedy"),
     "store-all": ("solvers.baselines", "solve_store_all"),
     "recompute-all": ("solvers.baselines", "solve_recompute_all"),

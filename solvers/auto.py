@@ -4,7 +4,7 @@ Order of work, each step seeded by the best schedule so far:
 1. store-all, when it fits (no recomputation is the minimum: every op runs at least once);
 2. the fast heuristics: the greedy saved-set search and the classic chain/segment schedules;
 3. graphs of at most ``EXACT_MAX_GROUPS`` op groups: the exact Checkmate model, warm-started
-   with that incumbent, on the best installed back-end (`exact_backend`: the MILP with HiGHS
+   with that incumbent, on the best installed back-end (`exact_engine`: the MILP with HiGHS
    when highspy is installed, else CP-SAT when OR-Tools is, else the MILP with CBC, bundled
    with PuLP); it runs even when no heuristic fits. Its O(n^2) model is built in Python:
    past the threshold the build alone outlasts a sensible time limit, so larger graphs go
@@ -19,29 +19,29 @@ import dataclasses
 import importlib.util
 import time
 
-from optimizer.graph import RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
-from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import simulate
+from solvers import get_solver
+from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.checkmate.contract import SEED_HEURISTICS as HEURISTICS
+from solvers.checkmate.cpsat import solve_cpsat_model
+from solvers.checkmate.milp import solve_milp_model
+from solvers.checkmate.milp_engines import highs_available
+from solvers.hierarchical import solve_hierarchical
 
-EXACT_MAX_GROUPS = 80
-MILP_MAX_GROUPS = EXACT_MAX_GROUPS  # the name earlier versions exported
-HEURISTICS = ("greedy", "chain-dp", "chen-greedy", "blocks")
 
-
-def exact_backend(options: SolverOptions) -> str:
+def exact_engine(options: SolverOptions) -> str:
     """The exact back-end ``auto`` uses: 'highs', 'cpsat' or 'cbc'.
 
-    An explicit MILP back-end in ``options.backend`` ('highs' or 'cbc') is used as asked (the
+    An explicit MILP back-end in ``options.milp_engine`` ('highs' or 'cbc') is used as asked (the
     MILP raises `SolverUnavailableError` with an install hint if it is missing); 'auto' takes
     the first installed of HiGHS (fastest on these models in benchmarks/solvers.md), CP-SAT
     and CBC (always there: PuLP bundles it).
     """
-    if options.backend != "auto":
-        return options.backend
-    from solvers.milp_backend import highs_available
-
+    if options.milp_engine != "auto":
+        return options.milp_engine
     if highs_available():
         return "highs"
     if importlib.util.find_spec("ortools") is not None:
@@ -51,21 +51,15 @@ def exact_backend(options: SolverOptions) -> str:
 
 def _solve_exact(graph: RematGraph, budget_bytes: int, options: SolverOptions,
                  warm_start: Schedule):
-    """The Checkmate model on `exact_backend`'s choice, seeded with ``warm_start``."""
-    backend = exact_backend(options)
-    if backend == "cpsat":
-        from solvers.cpsat import solve_cpsat_model
-
+    """The Checkmate model on `exact_engine`'s choice, seeded with ``warm_start``."""
+    engine = exact_engine(options)
+    if engine == "cpsat":
         return solve_cpsat_model(graph, budget_bytes, options, warm_start=warm_start)
-    from solvers.milp import solve_milp_model
-
-    return solve_milp_model(graph, budget_bytes, dataclasses.replace(options, backend=backend),
+    return solve_milp_model(graph, budget_bytes, dataclasses.replace(options, milp_engine=engine),
                             warm_start=warm_start)
 
 
 def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
-    from solvers import get_solver
-
     start = time.perf_counter()
     store_all = store_all_schedule(graph)
     store_sim = simulate(graph, store_all)
@@ -110,7 +104,7 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
             stopped = "proves none" if solution.status is SolveStatus.INFEASIBLE else "found none"
             raise InfeasibleBudgetError(
                 budget_bytes, smallest_known,
-                f" (no heuristic fits; the exact model ({solution.backend}) {stopped})")
+                f" (no heuristic fits; the exact model ({solution.engine}) {stopped})")
         best = ("nothing", None, float("inf"))
     if solution.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
         schedule = Schedule.from_computes(graph, solution.forward, solution.backward)
@@ -122,21 +116,19 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
             bound = None if solution.bound is None else min(solution.bound, sim.total_cost)
             seed = f", seeded by {best[0]}" if best[1] is not None else ""
             return result(solution.status, schedule, sim.total_cost, bound,
-                          f"exact Checkmate model ({solution.backend}){seed}")
+                          f"exact Checkmate model ({solution.engine}){seed}")
         bound = solution.bound
         return result(SolveStatus.FEASIBLE if bound is not None else SolveStatus.HEURISTIC,
                       best[1], best[2], None if bound is None else min(bound, best[2]),
-                      f"{best[0]}; the exact model ({solution.backend}) found nothing cheaper")
+                      f"{best[0]}; the exact model ({solution.engine}) found nothing cheaper")
     return result(SolveStatus.HEURISTIC, best[1], best[2], None,
-                  f"best heuristic: {best[0]}; the exact model ({solution.backend}) stopped "
+                  f"best heuristic: {best[0]}; the exact model ({solution.engine}) stopped "
                   "without a better schedule")
 
 
 def _solve_large(graph: RematGraph, budget_bytes: int, options: SolverOptions):
     """Graphs past EXACT_MAX_GROUPS: `solvers.hierarchical` (block plans, the LP-rounded saved
     set and the classic heuristics, so never worse than them) with its proven bound."""
-    from solvers.hierarchical import solve_hierarchical
-
     user_progress = options.progress
 
     def progress(update) -> None:  # auto reports the final result itself

@@ -2,7 +2,7 @@
 
 A solver is a function ``solve(graph, budget_bytes, options) -> SolveResult``. It never
 touches torch. Budgets are bytes of peak memory of the whole step, resident parameters and
-inputs included (see `optimizer.simulator`).
+inputs included (see `optimizer.ir.simulator`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult
+
+EXACT_MAX_GROUPS = 80
+"""Largest graph (op groups) the exact Checkmate model is built for: ``auto`` sends larger graphs
+to ``hierarchical``, which also runs the exact MILP on graphs this small, and the exact
+smallest-budget search stops here. The O(n^2) model's Python build outlasts a sensible time limit
+past it."""
 
 
 class SolveStatus(enum.Enum):
@@ -70,8 +76,9 @@ class SolverOptions:
     """Show the back-end's own log."""
     seed: int = 0
     """Random seed of solvers that search randomly (CP-SAT); fixed for reproducible plans."""
-    backend: str = "auto"
-    """MILP back-end: 'cbc' (bundled with PuLP), 'highs' (if highspy is installed) or 'auto'."""
+    milp_engine: str = "auto"
+    """What solves the MILP: 'cbc' (bundled with PuLP), 'highs' (if highspy is installed) or 'auto'.
+    (Not to be confused with `optimizer.remat_backend`, the torch.compile backend.)"""
     progress: ProgressCallback | None = None
     """Called with a `SolveProgress` while an exact solver runs (CP-SAT: each incumbent; MILP
     with HiGHS: each incumbent and about every half second as the bound moves; CBC, run as a
@@ -109,7 +116,7 @@ class SolveResult:
 class InfeasibleBudgetError(ValueError):
     """No schedule fits the budget; carries the smallest budget known to be feasible.
 
-    ``exact``: ``smallest_feasible_bytes`` is proven smallest (see `solvers.min_budget`), not
+    ``exact``: ``smallest_feasible_bytes`` is proven smallest (see `solvers.checkmate.min_budget`), not
     just a budget known to work; ``lower_bound_bytes``: no schedule fits below it (if known).
     """
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from optimizer.graph import Phase, RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import simulate
 from solvers.base import SolveResult, SolverOptions, heuristic_result
 
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.graph import Phase, RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import simulate
 from solvers.blocks import find_blocks
 from solvers.highs_lp import LinearProgram
 from solvers.saved_set import repair_saved_set

@@ -1,12 +1,12 @@
 """Exhaustive search for tiny graphs: the test oracle for the MILP.
 
-It shares no code with `solvers.milp`. Schedules are searched in the simulator's own terms:
+It shares no code with `solvers.checkmate.milp`. Schedules are searched in the simulator's own terms:
 a state is the set of live values; a step computes one op group (all its inputs live, none
 of its values live), after which any of the values it read or produced may be freed; at the
 boundary the tangents arrive and any forward output or tangent may be freed. Peak bytes are
 counted as the simulator counts them (resident bytes, the op's siblings and temp bytes while
 it runs, every tangent at the boundary), and the best path is rebuilt as an explicit
-schedule of compute and free steps and checked with `optimizer.simulator.simulate`.
+schedule of compute and free steps and checked with `optimizer.ir.simulator.simulate`.
 
 A user output computed in forward is never freed once forward ends: forward returns it and
 the caller holds it to the end of the step (the simulator alone would let a schedule free it
@@ -21,7 +21,7 @@ Two schedule spaces:
 - ``space="checkmate"`` (default), the MILP's space, searched exactly: stage t (one per op
   group, topological order) computes group t (needed groups only) and may first recompute
   any earlier needed group that is not random/mutating, each at most once, in topological
-  order. The optimum is the MILP model's optimum (`solvers.milp.MilpSolution.model_cost`).
+  order. The optimum is the MILP model's optimum (`solvers.checkmate.milp.MilpSolution.model_cost`).
   The stage structure is a restriction by design: a group's first computation sits at its
   own stage, so e.g. a forward op read only by backward can only be deferred to backward by
   computing it in forward for nothing and again later (`Schedule.from_computes` then drops
@@ -41,9 +41,9 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from optimizer.graph import NodeKind, Phase, RematGraph
-from optimizer.schedule import Schedule, compute, free
-from optimizer.simulator import simulate
+from optimizer.ir.graph import NodeKind, Phase, RematGraph
+from optimizer.ir.schedule import Schedule, compute, free
+from optimizer.ir.simulator import simulate
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 
 MAX_VALUES = 24

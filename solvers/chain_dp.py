@@ -12,9 +12,10 @@ held by an ancestor (p <= a) and v[a] is live (dropped-able when a > p); ``top``
 stage b's tape is live. Either b = a+1 (recompute the tape if needed, run B[b]) or pick
 a < j < b and advance from v[a] to v[j], keeping v[j] (or v[j] and its tape, which then
 stays), then either keep v[a]: reverse j+1..b anchored at a, then a+1..j; or drop v[a]
-(a > p): reverse j+1..b anchored at p, recompute v[a] from v[p], then reverse a+1..j. ``spine(p, a)`` is the same for the forward pass,
-whose advances cost nothing extra, crossing into backward at the last stage. The objective
-is recomputation cost.
+(a > p): reverse j+1..b anchored at p, recompute v[a] from v[p], then reverse a+1..j.
+``spine(p, a)`` is the same for the forward pass, whose advances cost nothing extra,
+crossing into backward at the last stage; both share one enumeration of these splits. The
+objective is recomputation cost.
 
 Memory per state is a vector over the free budget (numpy): O(n^4) vector operations for
 n stages. The step q is the gcd of every byte count when that keeps the vectors short (the
@@ -27,14 +28,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np
 
-from optimizer.graph import Phase, RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult, simulate
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import forward_closure, store_all_schedule
 from solvers.chain_model import ChainModel, chain_model
@@ -189,22 +191,9 @@ class _DP:
                 need = max(need, self.units(m.fixed_before[b] + m.retape[b].peak))
                 cost = m.retape[b].cost
             best = np.where(self.free >= need, cost, _INF)
-        top_units = self.tape[b] if top else 0
-        for j in range(a + 1, b):
-            for keep, left_top in self._options(j):
-                need = self._advance_need(a, j, keep, m.fixed_before[b])
-                hold = self._hold(j, keep)
-                left_shift = top_units - (self.tape[j] if left_top else 0)
-                cost = self._advance_cost(a, j, keep)
-                code = 8 * j + 4 * keep + 2 * left_top
-                # A kept tape needs v[j] (or includes it): the right part may not drop it.
-                total = (self._at(t.solve[(j if keep else a, j, b, top)], -hold)
-                         + self._at(t.solve[(p, a, j, left_top)], left_shift) + cost)
-                best, choice = self._consider(best, choice, total, need, code)
-                if a > p:  # drop v[a] once v[j] is computed; recompute it from v[p] later
-                    total = (self._at(t.solve[(j if keep else p, j, b, top)], self.x[a] - hold)
-                             + self._again(p, a, j, left_top, left_shift) + cost)
-                    best, choice = self._consider(best, choice, total, need, code + 1)
+        best, choice = self._splits(best, choice, p, a, b,
+                                    lambda anchor, j: t.solve[(anchor, j, b, top)],
+                                    m.fixed_before[b], self.tape[b] if top else 0, costed=True)
         t.solve[(p, a, b, top)] = best
         t.solve_choice[(p, a, b, top)] = choice
 
@@ -218,21 +207,38 @@ class _DP:
                        self.units(m.fixed_before[n] + m.held_bytes[n]))
             total = self._at(t.solve[(p, a, n, True)], -self.tape[n])
             best, choice = self._consider(best, choice, total, need, _LAST)
-        for j in range(a + 1, n):
-            for keep, left_top in self._options(j):
-                need = self._advance_need(a, j, keep, None)
-                hold = self._hold(j, keep)
-                left_shift = -(self.tape[j] if left_top else 0)
-                code = 8 * j + 4 * keep + 2 * left_top
-                total = (self._at(t.spine[(j if keep else a, j)], -hold)
-                         + self._at(t.solve[(p, a, j, left_top)], left_shift))
-                best, choice = self._consider(best, choice, total, need, code)
-                if a > p:
-                    total = (self._at(t.spine[(j if keep else p, j)], self.x[a] - hold)
-                             + self._again(p, a, j, left_top, left_shift))
-                    best, choice = self._consider(best, choice, total, need, code + 1)
+        best, choice = self._splits(best, choice, p, a, n, lambda anchor, j: t.spine[(anchor, j)],
+                                    None, 0, costed=False)
         t.spine[(p, a)] = best
         t.spine_choice[(p, a)] = choice
+
+    def _splits(self, best: np.ndarray, choice: np.ndarray, p: int, a: int, b: int,
+                right: Callable[[int, int], np.ndarray], fixed: int | None, top_units: int,
+                costed: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Improve ``best``/``choice`` with every split a < j < b, shared by solve and spine.
+
+        ``right(anchor, j)`` is the table of the part after v[j] (solve's j+1..b, or the rest
+        of the spine); ``fixed`` and ``top_units`` are the bytes held beside the advance and
+        the tape units live on top (None and 0 in the forward pass, whose advances are not
+        recomputation: ``costed`` False).
+        """
+        t = self.t
+        for j in range(a + 1, b):
+            for keep, left_top in self._options(j):
+                need = self._advance_need(a, j, keep, fixed)
+                hold = self._hold(j, keep)
+                left_shift = top_units - (self.tape[j] if left_top else 0)
+                cost = self._advance_cost(a, j, keep) if costed else 0.0
+                code = 8 * j + 4 * keep + 2 * left_top
+                # A kept tape needs v[j] (or includes it): the right part may not drop it.
+                total = (self._at(right(j if keep else a, j), -hold)
+                         + self._at(t.solve[(p, a, j, left_top)], left_shift) + cost)
+                best, choice = self._consider(best, choice, total, need, code)
+                if a > p:  # drop v[a] once v[j] is computed; recompute it from v[p] later
+                    total = (self._at(right(j if keep else p, j), self.x[a] - hold)
+                             + self._again(p, a, j, left_top, left_shift) + cost)
+                    best, choice = self._consider(best, choice, total, need, code + 1)
+        return best, choice
 
     # ------------------------------------------------------------------ schedule
     def backward_order(self, graph: RematGraph, free: int) -> list[str]:
@@ -257,6 +263,31 @@ class _DP:
         def split(code: int) -> tuple[int, bool, bool, bool]:
             return code // 8, bool(code & 4), bool(code & 2), bool(code & 1)
 
+        def descend(code: int, p: int, a: int, f: int, top_units: int,
+                    right: Callable[[int, int, int], None],
+                    reach: Callable[[list[str]], None]) -> None:
+            """Replay a split choice of solve or spine (the twin of ``_DP._splits``).
+
+            ``right(anchor, j, f)`` replays the part after v[j]; ``reach`` makes v[j] (and a
+            kept tape) available: computed in backward, already there in the forward pass.
+            """
+            j, keep, left_top, drop_a = split(code)
+            hold = self._hold(j, keep)
+            reach([m.boundary[j], *(m.tape[j] if keep else ())])
+            if drop_a:
+                drop(m.boundary[a])
+                right(j if keep else p, j, clip(f + self.x[a] - hold))
+            else:
+                right(j if keep else a, j, f - hold)
+            if left_top:
+                available.add(m.boundary[j])
+            else:
+                drop(m.boundary[j], *m.tape[j])
+            if drop_a:
+                advance([m.boundary[a]])
+            left_shift = top_units - (self.tape[j] if left_top else 0)
+            solve(p, a, j, left_top, clip(f + left_shift))
+
         def solve(p: int, a: int, b: int, top: bool, f: int) -> None:
             code = int(self.t.solve_choice[(p, a, b, top)][f])
             if code == _BASE:
@@ -266,22 +297,8 @@ class _DP:
                     out.extend(members)
                 drop(m.boundary[b], *m.tape[b])
                 return
-            j, keep, left_top, drop_a = split(code)
-            hold = self._hold(j, keep)
-            left_shift = (self.tape[b] if top else 0) - (self.tape[j] if left_top else 0)
-            advance([m.boundary[j], *(m.tape[j] if keep else ())])
-            if drop_a:
-                drop(m.boundary[a])
-                solve(j if keep else p, j, b, top, clip(f + self.x[a] - hold))
-            else:
-                solve(j if keep else a, j, b, top, f - hold)
-            if left_top:
-                available.add(m.boundary[j])
-            else:
-                drop(m.boundary[j], *m.tape[j])
-            if drop_a:
-                advance([m.boundary[a]])
-            solve(p, a, j, left_top, clip(f + left_shift))
+            descend(code, p, a, f, self.tape[b] if top else 0,
+                    lambda anchor, j, g: solve(anchor, j, b, top, g), advance)
 
         def spine(p: int, a: int, f: int) -> None:
             code = int(self.t.spine_choice[(p, a)][f])
@@ -292,34 +309,10 @@ class _DP:
                 available.update(m.tape[m.n])
                 solve(p, a, m.n, True, f - self.tape[m.n])
                 return
-            j, keep, left_top, drop_a = split(code)
-            hold = self._hold(j, keep)
-            left_shift = -(self.tape[j] if left_top else 0)
-            available.update(v for v in (m.boundary[j], *(m.tape[j] if keep else ())) if v)
-            if drop_a:
-                drop(m.boundary[a])
-                spine(j if keep else p, j, clip(f + self.x[a] - hold))
-            else:
-                spine(j if keep else a, j, f - hold)
-            if left_top:
-                available.add(m.boundary[j])
-            else:
-                drop(m.boundary[j], *m.tape[j])
-            if drop_a:
-                advance([m.boundary[a]])
-            solve(p, a, j, left_top, clip(f + left_shift))
+            descend(code, p, a, f, 0, spine, lambda targets: available.update(v for v in targets if v))
 
         spine(0, 0, free)
         return out
-
-
-def plan_chain(graph: RematGraph, model: ChainModel, budget_bytes: int,
-               step_bytes: int | None = None) -> ChainPlan | None:
-    """The cheapest chain schedule within ``budget_bytes`` under the model, or None."""
-    q = step_bytes or memory_step(model, budget_bytes)
-    dp = _DP(model, q, budget_bytes)
-    dp.run()
-    return _plan_at(graph, dp, dp.levels - 1)
 
 
 def _plan_at(graph: RematGraph, dp: _DP, level: int) -> ChainPlan | None:

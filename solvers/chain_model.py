@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optimizer.graph import Phase, RematGraph
-from optimizer.schedule import StepKind
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import StepKind
 from solvers.baselines import forward_closure, store_all_schedule
 from solvers.linearize import Linearization, linearize
 from solvers.segments import backward_groups, forward_reads, pinned_values, resident_names

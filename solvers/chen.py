@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import time
 
-from optimizer.graph import RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult, simulate
-from solvers.base import heuristic_result, SolveResult, SolverOptions
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
+from solvers.base import SolveResult, SolverOptions, heuristic_result
 from solvers.linearize import Linearization, linearize
 from solvers.segments import pinned_values, segment_schedule
 

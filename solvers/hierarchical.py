@@ -1,6 +1,6 @@
 """``hierarchical``: near-optimal schedules with a proven gap on graphs far past the exact MILP.
 
-1. Reduce the graph losslessly (`optimizer.reduce`): same optimum, schedules map back.
+1. Reduce the graph losslessly (`optimizer.ir.reduce`): same optimum, schedules map back.
 2. Prove a lower bound (`solvers.remat_bound`): an LP over the whole graph with O(values)
    columns; it also says which values the relaxation keeps, and can prove a budget infeasible.
 3. Build schedules, each simulated, in this order:
@@ -22,14 +22,17 @@ import contextlib
 import math
 import time
 
-from optimizer.graph import RematGraph
-from optimizer.reduce import reduce_graph
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult, simulate
-from solvers.auto import EXACT_MAX_GROUPS  # graphs this small also get the exact MILP
-from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.reduce import reduce_graph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
+from solvers import get_solver
+from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import store_all_schedule
 from solvers.block_plan import block_schedules
+from solvers.linearize import linearize
 from solvers.remat_bound import lower_bound
 from solvers.saved_set import repair_saved_set
 
@@ -54,12 +57,6 @@ class _Progress:
         self._stack = contextlib.ExitStack()
         self._bar = None
         if verbose:
-            from rich.progress import (
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
 
             self._bar = self._stack.enter_context(Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=False))
@@ -106,8 +103,6 @@ class _Best:
 
 def _run_classic(name: str, graph: RematGraph, budget_bytes: int, best: _Best, progress: _Progress,
                  deadline: float, options: SolverOptions, share: float | None = None) -> None:
-    from solvers import get_solver
-
     left = deadline - time.perf_counter()
     if left < 0.5:
         best.tried.setdefault(name, None)
@@ -116,16 +111,13 @@ def _run_classic(name: str, graph: RematGraph, budget_bytes: int, best: _Best, p
     with progress.phase(f"classic schedule: {name}"):
         try:
             answer = get_solver(name)(graph, budget_bytes, SolverOptions(
-                time_limit_s=limit, threads=options.threads, backend=options.backend))
+                time_limit_s=limit, threads=options.threads, milp_engine=options.milp_engine))
         except ValueError:  # a chain solver on a graph that is not a chain
             answer = None
         best.offer(name, answer.schedule if answer is not None else None)
 
 
 def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
-    from solvers import get_solver
-    from solvers.linearize import linearize
-
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     store_all = store_all_schedule(graph)
@@ -186,7 +178,7 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
             with progress.phase(f"exact MILP ({len(graph.groups)} op groups)"):
                 try:
                     exact = get_solver("milp")(graph, budget_bytes, SolverOptions(
-                        time_limit_s=left, threads=options.threads, backend=options.backend))
+                        time_limit_s=left, threads=options.threads, milp_engine=options.milp_engine))
                     best.offer("milp", exact.schedule)
                     exact_bound = exact.bound
                 except InfeasibleBudgetError:

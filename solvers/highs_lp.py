@@ -59,7 +59,7 @@ class LinearProgram:
         self.row_upper.append(float(upper))
 
     def solve(self, time_limit_s: float = 60.0, threads: int = 1) -> LpSolution:
-        import highspy
+        import highspy  # optional: highspy (HiGHS)
 
         with stdout_silenced():
             h = highspy.Highs()

@@ -16,7 +16,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from optimizer.graph import NodeKind, Phase, RematGraph
+from optimizer.ir.graph import NodeKind, Phase, RematGraph
 from solvers.baselines import kept_through_backward
 
 _SOURCE = "<source>"

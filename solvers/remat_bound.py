@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from optimizer.graph import Phase, RematGraph, prune_dead
+from optimizer.ir.graph import Phase, RematGraph, prune_dead
 from solvers.highs_lp import LinearProgram, LpStatus
 
 

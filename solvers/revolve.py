@@ -35,9 +35,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from optimizer.graph import Phase, RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult, simulate
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import forward_closure
 from solvers.chain_model import ChainModel, chain_model

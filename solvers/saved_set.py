@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from optimizer.graph import RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import SimulationResult, simulate
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.greedy import live_at, recompute_cost, resave, schedule_from_saved
 
 RESAVE_CANDIDATES = 48

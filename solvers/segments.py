@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from optimizer.graph import NodeKind, Phase, RematGraph
-from optimizer.schedule import Schedule
+from optimizer.ir.graph import NodeKind, Phase, RematGraph
+from optimizer.ir.schedule import Schedule
 from solvers.baselines import forward_closure, kept_through_backward
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 import os
+import sys
 
 import torch
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from optimizer.graph import Node, NodeKind, Phase, RematGraph, prune_dead
-from optimizer.simulator import simulate
+from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph, prune_dead
+from optimizer.ir.simulator import simulate
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 
 F, B = Phase.FORWARD, Phase.BACKWARD

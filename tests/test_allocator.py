@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from graphs import random_graph, tiny_chain
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphs import random_graph, tiny_chain
-from optimizer.allocator import (
-    CPU_ALLOCATOR, CUDA_ALLOCATOR, AllocatorModel, allocator_for, round_block,
+from optimizer.ir.allocator import (
+    CPU_ALLOCATOR,
+    CUDA_ALLOCATOR,
+    AllocatorModel,
+    allocator_for,
+    round_block,
 )
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 
 
@@ -39,7 +43,8 @@ def test_apply_rounds_every_value_and_nothing_else() -> None:
     for before, after in zip(graph.nodes, rounded.nodes, strict=True):
         assert after.bytes == round_block(before.bytes)
         assert after.temp_bytes == round_block(before.temp_bytes)
-        assert (after.name, after.cost, after.inputs, after.group) == (before.name, before.cost, before.inputs, before.group)
+        assert ((after.name, after.cost, after.inputs, after.group)
+                == (before.name, before.cost, before.inputs, before.group))
     # Every tiny_chain value fits one 512-byte block: resident p, x (2 blocks); a, b, loss (5);
     # the tangent (6); gb while b and t are still live (7 blocks). Unrounded, gp (100 B) peaked.
     result = simulate(rounded, store_all_schedule(rounded))

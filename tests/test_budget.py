@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from optimizer.budget import BudgetError, format_bytes, parse_bytes
+from optimizer.ir.budget import BudgetError, format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_budget_module_does_not_import_torch() -> None:
     import sys
     from pathlib import Path
 
-    code = "import sys, optimizer.budget; sys.exit('torch' in sys.modules)"
+    code = "import sys, optimizer.ir.budget; sys.exit('torch' in sys.modules)"
     repo_root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], cwd=repo_root, check=False)
     assert result.returncode == 0

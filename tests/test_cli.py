@@ -8,14 +8,13 @@ import sys
 import textwrap
 
 import pytest
-
 from e2e_helpers import ROOT, example_path
-from optimizer.cli import (EXIT_INFEASIBLE, EXIT_MODEL_FILE, EXIT_OUTPUT, EXIT_SOLVER, EXIT_TRACE, EXIT_USAGE,
-                           main)
+
+from optimizer.app.cli import EXIT_INFEASIBLE, EXIT_MODEL_FILE, EXIT_OUTPUT, EXIT_SOLVER, EXIT_TRACE, EXIT_USAGE, main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "optimizer.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "optimizer.app.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -149,7 +148,7 @@ def test_missing_solver_back_end_gives_an_install_hint(monkeypatch, capsys):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a, **k: None if name == "highspy" else real_find_spec(name, *a, **k))
-    code = main([example_path("mlp"), "--budget", "85%", "--solver", "milp", "--backend", "highs"])
+    code = main([example_path("mlp"), "--budget", "85%", "--solver", "milp", "--milp-engine", "highs"])
     assert code == EXIT_SOLVER
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install highspy" in err[0]
@@ -165,12 +164,12 @@ def test_op_with_data_dependent_output_is_a_trace_error(tmp_path):
 
 
 def test_internal_errors_are_one_line_with_a_way_to_the_traceback(monkeypatch, capsys):
-    import optimizer.api
+    import optimizer.app.api
 
     def broken(*args, **kwargs):
         raise RuntimeError("something deep inside\nwith a second line")
 
-    monkeypatch.setattr(optimizer.api, "optimize", broken)
+    monkeypatch.setattr(optimizer.app.api, "optimize", broken)
     assert main([example_path("mlp"), "--budget", "1GB"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "internal error (RuntimeError: something deep inside)" in err[0]

@@ -24,7 +24,7 @@ from torch import nn
 from frontends.compile_backend import GraphBreakError, inductor_available, remat_backend
 from frontends.compiled_memory import profiled_peak
 from optimizer import find_graph_breaks
-from optimizer.budget import BudgetError
+from optimizer.ir.budget import BudgetError
 from solvers.base import InfeasibleBudgetError
 
 

@@ -9,8 +9,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from frontends.capture import capture
 from frontends.costs import (
-    FLOP_COUNT_MODEL, FLOPS_MODEL, PROFILE_MODEL, CostModel, cost_model_from_name, model_dtype, op_bytes_moved,
-    op_flops, roofline_model,
+    FLOP_COUNT_MODEL,
+    FLOPS_MODEL,
+    PROFILE_MODEL,
+    CostModel,
+    cost_model_from_name,
+    model_dtype,
+    op_bytes_moved,
+    op_flops,
+    roofline_model,
 )
 from frontends.devices import DEVICES, PRECISIONS, get_device
 

@@ -6,17 +6,17 @@ from graphs import chain, check_exact_result, random_graph, store_and_lean_peaks
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import min_feasible_budget, solve_brute_force
-from solvers.cpsat import solve_cpsat, solve_cpsat_model
-from solvers.milp import solve_milp, solve_milp_model
+from solvers.checkmate.cpsat import solve_cpsat, solve_cpsat_model
+from solvers.checkmate.milp import solve_milp, solve_milp_model
 
 CPSAT = SolverOptions(time_limit_s=30)
-HIGHS = SolverOptions(backend="highs", time_limit_s=30)
+HIGHS = SolverOptions(milp_engine="highs", time_limit_s=30)
 HYPOTHESIS = settings(max_examples=20, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TOL = 1e-6

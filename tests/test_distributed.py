@@ -14,7 +14,8 @@ import torch
 from e2e_helpers import clone, load_example, max_relative_error
 
 from frontends.data_parallel import full_gradients, run_on_ranks
-from frontends.distributed_budget import (
+from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
+from optimizer.planning.distributed_budget import (
     DataParallelConfig,
     RankOffsets,
     Strategy,
@@ -25,7 +26,6 @@ from frontends.distributed_budget import (
     rank_offset,
     rank_offsets,
 )
-from optimizer.graph import Node, NodeKind, Phase, RematGraph
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 
@@ -35,7 +35,9 @@ STEPS = 3
 def _toy_graph() -> RematGraph:
     """1,000 bytes of parameters and of gradients, 100 of input, a chain of three 2,000-byte
     activations: keeping only one of them for backward lowers the peak by about 2,000 bytes."""
-    op = lambda name, phase, size, inputs: Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
+    def op(name, phase, size, inputs):
+        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
+
     f, b = Phase.FORWARD, Phase.BACKWARD
     nodes = (
         Node("w", NodeKind.PARAMETER, f, 1000), Node("x", NodeKind.INPUT, f, 100),
@@ -114,8 +116,8 @@ def _train(rank: int, world_size: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from frontends.compiled_memory import profile_allocations
+    from frontends.costed_capture import capture_with_costs
     from frontends.remat_module import RematModule
-    from optimizer.api import capture_with_costs
 
     model, (idx, targets) = load_example("gpt", dropout=0.0)
     batch = ((idx + rank) % 256, (targets + 3 * rank) % 256)  # each rank its own micro-batch
@@ -214,11 +216,8 @@ def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from frontends.data_parallel import (
-        ShardedSubmoduleError,
-        check_no_sharded_submodules,
-        free_port,
-    )
+    from frontends.data_parallel import free_port
+    from frontends.sharding import ShardedSubmoduleError, check_no_sharded_submodules
 
     model, _ = load_example("mlp")
     check_no_sharded_submodules(model)  # nothing sharded: fine
@@ -226,7 +225,8 @@ def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
     try:
         linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][1]
         fully_shard(linear)
-        with pytest.raises(ShardedSubmoduleError, match=r"'layers\.1' .*apply fully_shard to the module optimize\(\) returns"):
+        expected = r"'layers\.1' .*apply fully_shard to the module optimize\(\) returns"
+        with pytest.raises(ShardedSubmoduleError, match=expected):
             check_no_sharded_submodules(model)
     finally:
         dist.destroy_process_group()

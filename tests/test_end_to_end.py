@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from e2e_helpers import EXAMPLES, clone, load_example, max_relative_error, measured_peak, train_step
 
-from e2e_helpers import (EXAMPLES, clone, load_example, max_relative_error, measured_peak,
-                         train_step)
 from frontends.capture import capture
 from optimizer import optimize
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 

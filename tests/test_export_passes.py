@@ -12,7 +12,7 @@ import frontends.capture as capture_module
 from frontends.capture import capture
 from frontends.export_passes import drop_identity_dropouts
 from optimizer import optimize
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule
 from tests.e2e_helpers import clone, load_example, max_relative_error, measured_peak, train_step
 

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from frontends.capture import capture
-from optimizer.max_batch import (BatchFit, MetaCapturer, find_max_batches, infer_batch, inputs_at_batch,
-                                 meta_copy, search_max_batch)
-from optimizer.simulator import simulate
-from optimizer.sweep import SweepPoint, run_sweep
+from frontends.meta_capture import MetaCapturer, infer_batch, inputs_at_batch, meta_copy
+from optimizer.ir.simulator import simulate
+from optimizer.planning.batch_search import BatchFit, find_max_batches, search_max_batch
+from optimizer.planning.sweep import SweepPoint, run_sweep
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 

@@ -13,7 +13,7 @@ from frontends.capture import capture
 from frontends.measure import StepMeasurement, measure_step
 from frontends.model_file import load_model_file
 from frontends.remat_module import RematModule
-from optimizer.planner import plan_graph
+from optimizer.planning.planner import plan_graph
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 UNLIMITED = 10**12

@@ -17,9 +17,9 @@ from graphs import (
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.graph import Node, NodeKind, RematGraph
-from optimizer.schedule import Schedule
-from optimizer.simulator import simulate
+from optimizer.ir.graph import Node, NodeKind, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import simulate
 from solvers.base import (
     InfeasibleBudgetError,
     SolverOptions,
@@ -28,9 +28,9 @@ from solvers.base import (
 )
 from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import MAX_VALUES, min_feasible_budget, solve_brute_force
-from solvers.milp import model_size, solve_milp, solve_milp_model
+from solvers.checkmate.milp import model_size, solve_milp, solve_milp_model
 
-CBC = SolverOptions(backend="cbc", time_limit_s=60)
+CBC = SolverOptions(milp_engine="cbc", time_limit_s=60)
 HYPOTHESIS = settings(max_examples=20, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TOL = 1e-6
@@ -237,7 +237,7 @@ def test_time_limit_returns_a_schedule_with_a_bound():
     graph = chain(16)
     store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
-    result = solve_milp(graph, budget, SolverOptions(backend="cbc", time_limit_s=1))
+    result = solve_milp(graph, budget, SolverOptions(milp_engine="cbc", time_limit_s=1))
     check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.FEASIBLE, SolveStatus.OPTIMAL)
     assert result.bound is not None and result.bound >= graph.base_cost - TOL
@@ -264,7 +264,7 @@ def _highs_available() -> bool:
 def test_auto_backend_prefers_highs():
     graph = chain(4)
     solution = solve_milp_model(graph, store_and_lean_peaks(graph)[1], SolverOptions())
-    assert solution.backend == ("highs" if _highs_available() else "cbc")
+    assert solution.engine == ("highs" if _highs_available() else "cbc")
 
 
 @pytest.mark.skipif(not _highs_available(), reason="highspy is not installed")
@@ -273,7 +273,7 @@ def test_highs_backend_matches_exhaustive_search(seed):
     graph = random_graph(seed, 5)
     store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
-    highs = SolverOptions(backend="highs", time_limit_s=60)
+    highs = SolverOptions(milp_engine="highs", time_limit_s=60)
     model = solve_milp_model(graph, budget, highs)
     exact = solve_brute_force(graph, budget, highs)
     assert model.status is SolveStatus.OPTIMAL
@@ -286,7 +286,7 @@ def test_highs_time_limit_keeps_the_mip_start():
     graph = chain(16)
     store, lean = store_and_lean_peaks(graph)
     budget = (store + lean) // 2
-    result = solve_milp(graph, budget, SolverOptions(backend="highs", time_limit_s=0.5))
+    result = solve_milp(graph, budget, SolverOptions(milp_engine="highs", time_limit_s=0.5))
     check_exact_result(graph, budget, result)
     assert result.status in (SolveStatus.FEASIBLE, SolveStatus.OPTIMAL)
 
@@ -296,13 +296,13 @@ def test_highs_backend_needs_highspy():
         pytest.skip("highspy is installed")
     graph = chain(4)
     with pytest.raises(SolverUnavailableError, match="pip install highspy"):
-        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(backend="highs"))
+        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(milp_engine="highs"))
 
 
 def test_unknown_backend_is_rejected():
     graph = chain(4)
     with pytest.raises(ValueError, match="back-end"):
-        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(backend="gurobi"))
+        solve_milp(graph, store_and_lean_peaks(graph)[1], SolverOptions(milp_engine="gurobi"))
 
 
 def test_model_size_is_quadratic_in_the_groups():

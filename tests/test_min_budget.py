@@ -8,13 +8,13 @@ from graphs import random_graph
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.planner import plan_graph
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
+from optimizer.planning.planner import plan_graph
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.brute_force import min_feasible_budget
-from solvers.cpsat import solve_cpsat
-from solvers.min_budget import peak_lower_bound, smallest_feasible_budget
+from solvers.checkmate.cpsat import solve_cpsat
+from solvers.checkmate.min_budget import peak_lower_bound, smallest_feasible_budget
 
 HYPOTHESIS = settings(max_examples=15, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -94,3 +94,4 @@ def test_planner_error_for_a_heuristic_says_a_schedule_exists():
         plan_graph(graph, smallest, "recompute-all", OPTIONS)
     assert info.value.smallest_feasible_bytes == smallest
     assert "one exists" in str(info.value)
+

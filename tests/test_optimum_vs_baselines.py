@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.graph import RematGraph
-from optimizer.simulator import simulate
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolverOptions
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+from graphs import tiny_chain
 
 from frontends.capture import CapturedStep, capture
 from frontends.measure import measure_step
 from frontends.profile import clear_memory_cache, profile_step, profiled_graph
-from graphs import tiny_chain
-from optimizer.costs_update import with_costs
+from optimizer.ir.costs_update import with_costs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

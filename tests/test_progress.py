@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 from graphs import chain
 
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolveProgress, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
@@ -64,7 +64,7 @@ def test_cpsat_reports_each_incumbent_with_its_bound():
 
 @needs_highs
 def test_highs_reports_incumbent_and_bound_while_solving():
-    result, events = _solve("milp", backend="highs")
+    result, events = _solve("milp", milp_engine="highs")
     assert result.status is SolveStatus.OPTIMAL
     during = _check_reports(result, events)
     with_incumbent = [e for e in during if e.objective is not None]
@@ -75,7 +75,7 @@ def test_highs_reports_incumbent_and_bound_while_solving():
 
 
 def test_cbc_reports_only_the_final_result():
-    result, events = _solve("milp", backend="cbc")
+    result, events = _solve("milp", milp_engine="cbc")
     assert result.status is SolveStatus.OPTIMAL
     assert _check_reports(result, events) == []
 
@@ -103,4 +103,4 @@ def test_an_exception_in_the_callback_reaches_the_caller(solver, backend):
 
     graph, budget = _case()
     with pytest.raises(KeyboardInterrupt):
-        get_solver(solver)(graph, budget, SolverOptions(backend=backend, progress=fail))
+        get_solver(solver)(graph, budget, SolverOptions(milp_engine=backend, progress=fail))

@@ -4,9 +4,9 @@ of the reduced graph map back to the original with the same cost and peak."""
 import pytest
 from graphs import B, F, chain, op, random_graph
 
-from optimizer.graph import Node, NodeKind, RematGraph
-from optimizer.reduce import reduce_graph
-from optimizer.simulator import simulate
+from optimizer.ir.graph import Node, NodeKind, RematGraph
+from optimizer.ir.reduce import reduce_graph
+from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.baselines import recompute_all_schedule, store_all_schedule

@@ -12,20 +12,20 @@ import subprocess
 import textwrap
 
 import pytest
-from PIL import Image
-
 from graphs import chain
-from optimizer.cli import EXIT_USAGE, main
-from optimizer.plots import REMAT_OPT_COLOR, STORE_ALL_COLOR
-from optimizer.report import JSON_SCHEMA, render_html, render_markdown, render_terminal, to_json
-from optimizer.simulator import simulate
-from optimizer.schedule import StepKind
-from optimizer.sweep import REMAT_OPT, run_sweep
-from optimizer.timeline import memory_timeline
-from optimizer.whatif import WhatIfRequest, what_if
+from PIL import Image
+from test_sweep import small_mlp
+
+from optimizer.app.cli import EXIT_USAGE, main
+from optimizer.app.plots import REMAT_OPT_COLOR, STORE_ALL_COLOR
+from optimizer.app.report import JSON_SCHEMA, render_html, render_markdown, render_terminal, to_json
+from optimizer.app.whatif import WhatIfRequest, what_if
+from optimizer.ir.schedule import StepKind
+from optimizer.ir.simulator import simulate
+from optimizer.ir.timeline import memory_timeline
+from optimizer.planning.sweep import REMAT_OPT, run_sweep
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
-from test_sweep import small_mlp
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 STRATEGIES = (REMAT_OPT, "store-all", "recompute-all", "chen", "chen-greedy", "torch-min-cut")

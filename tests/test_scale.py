@@ -7,8 +7,8 @@ from graphs import chain, random_graph
 
 from examples import gpt, gpt2, mlp
 from frontends.capture import capture
-from frontends.meta_plan import plan_without_hardware
-from optimizer.simulator import simulate
+from optimizer.app.meta_plan import plan_without_hardware
+from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule

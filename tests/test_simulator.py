@@ -1,11 +1,11 @@
 """The simulator on hand-built graphs: hand-computed peaks and every rule it enforces."""
 
 import pytest
+from graphs import B, F, chain, op, random_graph, tiny_chain
 
-from graphs import chain, op, random_graph, tiny_chain, F, B
-from optimizer.graph import Node, NodeKind, RematGraph
-from optimizer.schedule import Schedule, compute, free
-from optimizer.simulator import InvalidScheduleError, simulate
+from optimizer.ir.graph import Node, NodeKind, RematGraph
+from optimizer.ir.schedule import Schedule, compute, free
+from optimizer.ir.simulator import InvalidScheduleError, simulate
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 from e2e_helpers import example_path, load_example
 
-from optimizer.api import capture_with_costs
-from optimizer.simulator import simulate
+from frontends.costed_capture import capture_with_costs
+from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
-from solvers.cpsat import solve_cpsat
-from solvers.milp import solve_milp
+from solvers.checkmate.cpsat import solve_cpsat
+from solvers.checkmate.milp import solve_milp
 
 TIME_LIMIT_S = 1.0
 FRACTIONS = (0.2, 0.5, 0.8)
@@ -57,7 +57,7 @@ def test_milp_and_cpsat_agree_within_their_gaps(example_graph, fraction):
     store = simulate(graph, store_all_schedule(graph)).peak_bytes
     lean = min(store, simulate(graph, recompute_all_schedule(graph)).peak_bytes)
     budget = int(lean + fraction * (store - lean))
-    milp = solve_milp(graph, budget, SolverOptions(backend="highs", time_limit_s=TIME_LIMIT_S))
+    milp = solve_milp(graph, budget, SolverOptions(milp_engine="highs", time_limit_s=TIME_LIMIT_S))
     cpsat = solve_cpsat(graph, budget, SolverOptions(time_limit_s=TIME_LIMIT_S))
     for result in (milp, cpsat):
         assert result.schedule is not None, (name, result.message)

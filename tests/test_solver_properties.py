@@ -6,17 +6,17 @@ and ``auto`` picks what is installed and is never worse than a heuristic."""
 from __future__ import annotations
 
 import pytest
+from graphs import chain, random_graph
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from graphs import chain, random_graph
-from optimizer.simulator import simulate
+from optimizer.ir.simulator import simulate
 from solvers import SOLVERS, get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.brute_force import min_feasible_budget, solve_brute_force
 
-OPTIONS = SolverOptions(time_limit_s=5.0, backend="highs")
+OPTIONS = SolverOptions(time_limit_s=5.0, milp_engine="highs")
 NOT_CHAIN_SOLVERS = {"revolve"}  # raises ValueError on graphs that are not chains, by design
 
 
@@ -47,8 +47,8 @@ def test_every_solver_returns_valid_schedules_within_budget(name, seed, size, fr
 
 
 # ------------------------------------------------ the exact back-ends against each other
-EXACT = {"milp-highs": ("milp", SolverOptions(time_limit_s=20, backend="highs")),
-         "milp-cbc": ("milp", SolverOptions(time_limit_s=20, backend="cbc")),
+EXACT = {"milp-highs": ("milp", SolverOptions(time_limit_s=20, milp_engine="highs")),
+         "milp-cbc": ("milp", SolverOptions(time_limit_s=20, milp_engine="cbc")),
          "cpsat": ("cpsat", SolverOptions(time_limit_s=20))}
 
 
@@ -104,25 +104,25 @@ def test_same_graph_budget_and_options_give_the_same_schedule(label):
 def test_auto_uses_the_first_installed_exact_back_end(monkeypatch):
     import importlib.util as util
 
-    import solvers.milp_backend as backend
-    from solvers.auto import exact_backend
+    import solvers.auto as auto
+    from solvers.auto import exact_engine
 
     find_spec = util.find_spec
-    monkeypatch.setattr(backend, "highs_available", lambda: True)
-    assert exact_backend(SolverOptions()) == "highs"
-    assert exact_backend(SolverOptions(backend="cbc")) == "cbc"
-    monkeypatch.setattr(backend, "highs_available", lambda: False)
-    assert exact_backend(SolverOptions()) == "cpsat"
+    monkeypatch.setattr(auto, "highs_available", lambda: True)
+    assert exact_engine(SolverOptions()) == "highs"
+    assert exact_engine(SolverOptions(milp_engine="cbc")) == "cbc"
+    monkeypatch.setattr(auto, "highs_available", lambda: False)
+    assert exact_engine(SolverOptions()) == "cpsat"
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "ortools"
                         else find_spec(name, *a))
-    assert exact_backend(SolverOptions()) == "cbc"
+    assert exact_engine(SolverOptions()) == "cbc"
 
 
 @pytest.mark.parametrize("backend", ["highs", "cpsat", "cbc"])
 def test_auto_is_never_worse_than_the_best_heuristic(backend, monkeypatch):
     import solvers.auto as auto
 
-    monkeypatch.setattr(auto, "exact_backend", lambda options: backend)
+    monkeypatch.setattr(auto, "exact_engine", lambda options: backend)
     graph = random_graph(3, 6)
     high = simulate(graph, store_all_schedule(graph)).peak_bytes
     budget = (min_feasible_budget(graph) + high) // 2
@@ -142,8 +142,8 @@ def test_auto_is_never_worse_than_the_best_heuristic(backend, monkeypatch):
 
 
 def test_unavailable_back_ends_fail_with_an_install_hint(monkeypatch):
-    import solvers.cpsat as cpsat
-    import solvers.milp_backend as backend
+    import solvers.checkmate.cpsat as cpsat
+    import solvers.checkmate.milp_engines as backend
 
     graph = random_graph(3, 5)
     store = simulate(graph, store_all_schedule(graph)).peak_bytes
@@ -153,4 +153,4 @@ def test_unavailable_back_ends_fail_with_an_install_hint(monkeypatch):
         get_solver("cpsat")(graph, budget, OPTIONS)
     monkeypatch.setattr(backend, "highs_available", lambda: False)
     with pytest.raises(SolverUnavailableError, match="pip install highspy"):
-        get_solver("milp")(graph, budget, SolverOptions(backend="highs"))
+        get_solver("milp")(graph, budget, SolverOptions(milp_engine="highs"))

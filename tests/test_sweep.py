@@ -6,14 +6,25 @@ import importlib.util
 
 import pytest
 import torch
-
 from e2e_helpers import example_path
 from graphs import chain, tiny_chain
-from optimizer.allocator import AllocatorModel
-from optimizer.budget import BudgetError
-from optimizer.simulator import simulate
-from optimizer.sweep import (ALL_STRATEGIES, REMAT_OPT, TORCH_STRATEGY, ExternalSchedule, Status, SweepPoint,
-                             count_solves, pareto_front, parse_sweep, plan_point, run_sweep)
+
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.ir.budget import BudgetError
+from optimizer.ir.simulator import simulate
+from optimizer.planning.sweep import (
+    ALL_STRATEGIES,
+    REMAT_OPT,
+    TORCH_STRATEGY,
+    ExternalSchedule,
+    Status,
+    SweepPoint,
+    count_solves,
+    pareto_front,
+    parse_sweep,
+    plan_point,
+    run_sweep,
+)
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 
@@ -31,8 +42,8 @@ def small_mlp():
 
 @pytest.fixture(scope="module")
 def mlp_sweep():
-    from optimizer.max_batch import MetaCapturer
-    from optimizer.whatif import _torch_points
+    from frontends.meta_capture import MetaCapturer
+    from optimizer.app.whatif import _torch_points
 
     captured = MetaCapturer(*small_mlp()).at()
     options = SolverOptions(time_limit_s=20)

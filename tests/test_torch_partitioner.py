@@ -6,14 +6,14 @@ import importlib.util
 
 import pytest
 import torch
-
 from e2e_helpers import example_path, load_example
-from frontends.torch_partitioner import partition_schedule, partition_schedules
-from optimizer.graph import Phase
-from optimizer.max_batch import MetaCapturer
-from optimizer.simulator import simulate
-from solvers.baselines import store_all_schedule
 from test_sweep import small_mlp
+
+from frontends.meta_capture import MetaCapturer
+from frontends.torch_partitioner import partition_schedule, partition_schedules
+from optimizer.ir.graph import Phase
+from optimizer.ir.simulator import simulate
+from solvers.baselines import store_all_schedule
 
 
 def example_module(name: str):

@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-
 from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step
+
 from frontends.remat_module import InputMismatchError
 from optimizer import optimize
 
@@ -158,9 +158,9 @@ def test_changed_input_shape_is_a_clear_error():
 
 
 def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
+    from frontends.costed_capture import capture_with_costs
     from frontends.remat_module import RematModule
-    from optimizer.api import capture_with_costs
-    from optimizer.planner import plan_graph
+    from optimizer.planning.planner import plan_graph
 
     model, inputs = load_example("mlp")
     captured = capture_with_costs(model, inputs, None)

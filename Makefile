@@ -1,0 +1,27 @@
+# Two commands on a fresh machine (README "Quick start"):
+#   make demo   create .venv (torch 2.13.0 CPU first), install remat-opt, plan an example
+#   make test   lint (ruff), then the test suite; .ci/run calls this in a fresh environment
+# VENV may point elsewhere (.ci/run uses a temporary one).
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint env
+
+$(BIN)/remat-opt: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+env: $(BIN)/remat-opt
+
+demo: env
+	$(BIN)/remat-opt examples/gpt.py --budget 70% --time-limit 20
+
+lint: env
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest -q

@@ -1,0 +1,28 @@
+"""Capture a training step and cost its ops under a named cost model.
+
+The one entry point the app, the meta-device what-if and the per-rank planner share: capture
+(`frontends.capture`), then, for the ``profile`` cost model, time every op on the model's device
+(`frontends.profile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from frontends.capture import CapturedStep, capture
+from frontends.costs import cost_model_from_name, model_dtype
+from frontends.profile import profiled_graph
+
+
+def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None,
+                       cost_model: str = "flops", grad_outputs: str = "losses") -> CapturedStep:
+    """Capture the step and cost its ops under ``cost_model`` (profiling runs them once)."""
+    model_costs = cost_model_from_name(cost_model, dtype=model_dtype(model))
+    captured = capture(model, tuple(example_inputs), example_kwargs, cost_model=model_costs,
+                       grad_outputs=grad_outputs)
+    if model_costs.measured:
+        graph = profiled_graph(captured, model, tuple(example_inputs), example_kwargs)
+        captured = dataclasses.replace(captured, graph=graph)
+    return captured

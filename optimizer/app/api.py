@@ -1,0 +1,92 @@
+"""The public API: ``optimize(model, example_inputs, budget=...)`` -> a drop-in RematModule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from frontends.costed_capture import capture_with_costs
+from frontends.remat_module import RematModule
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.ir.budget import parse_bytes
+from optimizer.ir.plan import Plan
+from optimizer.planning.planner import plan_graph
+from solvers.base import SolverOptions
+
+
+def optimize(
+    model: torch.nn.Module,
+    example_inputs: tuple,
+    budget: str | int,
+    *,
+    example_kwargs: dict | None = None,
+    solver: str = "auto",
+    time_limit: float = 60.0,
+    threads: int = 1,
+    verbose: bool = False,
+    cost_model: str = "flops",
+    allocator: AllocatorModel | None = None,
+    milp_engine: str = "auto",
+    grad_outputs: str = "losses",
+):
+    """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
+
+    ``budget`` is peak bytes of one training step (parameters, gradients, inputs and
+    activations): an integer, a string such as ``"16GB"`` (powers of 10) or ``"2GiB"``
+    (powers of 2), or a percentage of plain autograd's peak (``"60%"``). ``solver`` is one of
+    `solvers.SOLVERS`: ``auto`` (default: heuristics, then the exact MILP seeded by them when
+    the graph is small enough), ``milp`` (the exact Checkmate MILP), ``greedy``, the classic
+    schedules (``chen``, ``chen-greedy``, ``blocks``, ``revolve``, ``chain-dp``), ``store-all``
+    and ``recompute-all``. ``rm(*example_inputs)`` returns what ``model(*example_inputs)`` returns;
+    ``rm.plan`` says what was decided and predicted. ``cost_model`` is ``flops``,
+    ``roofline:<device>`` (see `frontends.devices`) or ``profile`` (measured on the device the
+    model lives on); ``allocator`` adds a CUDA allocator's rounding and margins to the peaks.
+    ``grad_outputs="losses"`` plans a model that returns a scalar loss next to other outputs
+    (``(loss, logits)``) for ``loss.backward()``: the other outputs carry no gradient, as under
+    plain autograd, and backward through them raises; ``"all"`` plans backward from every output.
+    """
+    example_inputs = _as_tuple(example_inputs)
+    options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
+    captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
+                                       options, cost_model, allocator, grad_outputs)
+    return RematModule(model, captured, plan, example_inputs, example_kwargs)
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
+                      solver: str, options: SolverOptions, cost_model: str,
+                      allocator: AllocatorModel | None, grad_outputs: str = "losses"):
+    """Capture the step and plan it; a malformed budget fails before the (slow) capture."""
+    if not (isinstance(budget, str) and budget.strip().endswith("%")):
+        parse_bytes(budget)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs)
+    plan = plan_graph(captured.graph, budget, solver, options,
+                      graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
+    if captured.notes:  # what capture changed about the step (use_cache=False), said once
+        plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, *captured.notes))))
+    return captured, plan
+
+
+def plan_only(
+    model: torch.nn.Module,
+    example_inputs: tuple,
+    budget: str | int,
+    *,
+    example_kwargs: dict | None = None,
+    solver: str = "auto",
+    time_limit: float = 60.0,
+    threads: int = 1,
+    verbose: bool = False,
+    cost_model: str = "flops",
+    allocator: AllocatorModel | None = None,
+    milp_engine: str = "auto",
+    grad_outputs: str = "losses",
+) -> Plan:
+    """The plan `optimize` would make, without building the module (what-if use)."""
+    options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
+    return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
+                             options, cost_model, allocator, grad_outputs)[1]

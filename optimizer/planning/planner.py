@@ -1,0 +1,147 @@
+"""Plan one training step: run a solver, simulate its schedule, summarise it as a `Plan`.
+
+Pure Python over the IR (no torch), so what-if reports can plan without running anything.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.ir.budget import resolve_budget
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.plan import BudgetBreakdown, ModuleSummary, Plan
+from optimizer.ir.simulator import SimulationResult, simulate
+from solvers import get_solver
+from solvers.base import InfeasibleBudgetError, SolverOptions
+from solvers.baselines import store_all_schedule
+from solvers.checkmate.min_budget import smallest_feasible_budget
+
+
+def store_all_peak_bytes(graph: RematGraph, allocator: AllocatorModel) -> int:
+    """Plain autograd's (store-all's) planned peak under ``allocator``: what percentage budgets
+    are percentages of. ``graph`` is the graph as captured (the allocator's rounding is applied
+    here)."""
+    return allocator.planned_peak(simulate(allocator.apply(graph), store_all_schedule(graph)).peak_bytes)
+
+
+def plan_graph(
+    graph: RematGraph,
+    budget: int | str,
+    solver: str = "milp",
+    options: SolverOptions = SolverOptions(),
+    graph_nodes: int = 0,
+    allocator: AllocatorModel | None = None,
+) -> Plan:
+    """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
+    return the simulated plan.
+
+    With an ``allocator`` (a CUDA caching allocator's block rounding, workspace reserve and
+    fragmentation margin), every value is rounded to whole blocks and the planned peak includes
+    the reserve and margin; the solvers get the budget that leaves room for them.
+
+    Raises InfeasibleBudgetError when nothing fits, naming the smallest feasible budget (exact
+    when `solvers.checkmate.min_budget` proves it; its search is capped at 10 s).
+    """
+    allocator = allocator or AllocatorModel(block_bytes=1)
+    budget_bytes = resolve_budget(budget, store_all_peak_bytes(graph, allocator))
+    graph = allocator.apply(graph)
+    store_all = simulate(graph, store_all_schedule(graph))
+    solver_budget = allocator.solver_budget(budget_bytes)
+    try:
+        result = get_solver(solver)(graph, solver_budget, options)
+    except InfeasibleBudgetError:
+        raise _infeasible(graph, budget_bytes, solver, options, allocator, "") from None
+    if result.schedule is None:
+        raise _infeasible(graph, budget_bytes, solver, options, allocator, result.message)
+    sim = simulate(graph, result.schedule)
+    if sim.peak_bytes > solver_budget:
+        raise AssertionError(
+            f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
+            f"for a budget of {budget_bytes}: this is a bug in the solver"
+        )
+    return Plan(
+        status=result.status.value,
+        solver=solver,
+        cost_model=graph.cost_model,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=allocator.planned_peak(sim.peak_bytes),
+        store_all_peak_bytes=allocator.planned_peak(store_all.peak_bytes),
+        extra_flops=sim.extra_flops,
+        extra_time_s=sim.extra_cost,
+        step_flops=graph.base_flops,
+        step_time_s=graph.base_cost,
+        objective=sim.total_cost,
+        bound=result.bound,
+        gap=result.gap,
+        solve_time_s=result.solve_time_s,
+        breakdown=breakdown(graph, budget_bytes),
+        graph_nodes=graph_nodes or len(graph.nodes),
+        graph_values=len(graph.ops),
+        saved=sim.saved,
+        recomputed=sim.recomputed,
+        modules=module_summaries(graph, sim, store_all),
+        message=result.message,
+        allocator=allocator.describe(),
+        schedule=result.schedule,
+    )
+
+
+def _infeasible(graph: RematGraph, budget_bytes: int, solver: str, options: SolverOptions,
+                allocator: AllocatorModel, message: str) -> InfeasibleBudgetError:
+    """The error for a budget ``solver`` could not meet, naming the smallest feasible budget
+    (exact when `solvers.checkmate.min_budget` proves it, within its time limit)."""
+    found = smallest_feasible_budget(graph, options)
+    smallest = allocator.planned_peak(found.smallest_bytes)
+    lower = allocator.planned_peak(found.lower_bytes)
+    detail = f" ({message})" if message else ""
+    if smallest <= budget_bytes:  # a schedule fits, but this solver did not find it
+        detail += (f"; solver {solver!r} found no schedule, but one exists: try solver='milp' "
+                   "or 'cpsat', or a longer time limit")
+    return InfeasibleBudgetError(budget_bytes, smallest, detail, exact=found.exact,
+                                 lower_bound_bytes=lower)
+
+
+def breakdown(graph: RematGraph, budget_bytes: int) -> BudgetBreakdown:
+    fixed = graph.parameter_bytes + graph.gradient_bytes + graph.input_bytes
+    return BudgetBreakdown(
+        budget_bytes=budget_bytes,
+        parameters_bytes=graph.parameter_bytes,
+        gradients_bytes=graph.gradient_bytes,
+        inputs_bytes=graph.input_bytes,
+        activations_bytes=budget_bytes - fixed,
+    )
+
+
+def block_of(module: str) -> str:
+    """The module path cut after its first numbered child: 'blocks.0.attn.q' -> 'blocks.0',
+    'layer2.1.conv1' -> 'layer2.1', 'ln_f' -> 'ln_f'; ops outside any submodule -> '<top>'."""
+    if not module:
+        return "<top>"
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def module_summaries(
+    graph: RematGraph, plan: SimulationResult, store_all: SimulationResult
+) -> tuple[ModuleSummary, ...]:
+    """Saved bytes and recomputation per block (see `block_of`)."""
+    saved: dict[str, int] = defaultdict(int)
+    saved_before: dict[str, int] = defaultdict(int)
+    ops: dict[str, int] = defaultdict(int)
+    flops: dict[str, float] = defaultdict(float)
+    for name in plan.saved:
+        saved[block_of(graph[name].module)] += graph[name].bytes
+    for name in store_all.saved:
+        saved_before[block_of(graph[name].module)] += graph[name].bytes
+    for name, times in plan.recomputed:
+        node = graph[name]
+        ops[block_of(node.module)] += times - 1
+        flops[block_of(node.module)] += (times - 1) * node.flops
+    modules = sorted(set(saved) | set(saved_before) | set(ops))
+    return tuple(
+        ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m]) for m in modules
+    )

@@ -1,0 +1,105 @@
+"""The layers of README "Layout" hold: IR <- solvers <- planning <- frontends <- app.
+
+Each check runs on the real tree, and on a temporary copy of the tree's shape with one wrong
+import added, to show that it can fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from import_layers import (
+    all_imports,
+    import_cycles,
+    layer_of,
+    project_modules,
+    unexplained_local_imports,
+    upward_imports,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _describe(imports) -> str:
+    return "\n".join(f"{i.importer}:{i.line} imports {i.imported}" for i in imports)
+
+
+def test_every_module_has_a_layer():
+    modules = project_modules(ROOT)
+    assert len(modules) > 60
+    assert [m for m in modules if layer_of(m) is None] == []
+
+
+def test_no_import_points_up_the_layers():
+    assert upward_imports(ROOT) == [], _describe(upward_imports(ROOT))
+
+
+def test_no_import_cycles_between_modules():
+    assert import_cycles(ROOT) == []
+
+
+def test_function_local_imports_say_why():
+    assert unexplained_local_imports(ROOT) == [], _describe(unexplained_local_imports(ROOT))
+
+
+def test_the_reader_sees_local_and_relative_imports():
+    found = {(i.importer, i.imported, i.local) for i in all_imports(ROOT)}
+    assert ("optimizer.app.cli", "optimizer.app.api", True) in found  # inside run()
+    assert ("solvers.auto", "solvers.hierarchical", False) in found
+
+
+def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for pkg in ("optimizer", "optimizer/ir", "optimizer/app", "optimizer/planning", "frontends", "solvers"):
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_an_upward_import_fails(tmp_path):
+    root = _fake_tree(tmp_path, {
+        "frontends/capture.py": "import torch\n",
+        "optimizer/ir/graph.py": "from frontends.capture import capture\n",  # IR -> frontends: wrong
+        "solvers/greedy.py": "from optimizer.ir import graph\n",  # solvers -> IR: right
+    })
+    bad = upward_imports(root)
+    assert [(i.importer, i.imported) for i in bad] == [("optimizer.ir.graph", "frontends.capture")]
+
+
+def test_a_hidden_upward_import_fails_too(tmp_path):
+    root = _fake_tree(tmp_path, {
+        "optimizer/planning/planner.py": "def plan():\n    from optimizer.app import api  # heavy: torch\n",
+        "optimizer/app/api.py": "",
+    })
+    assert [(i.importer, i.imported, i.local) for i in upward_imports(root)] == [
+        ("optimizer.planning.planner", "optimizer.app.api", True)]
+
+
+def test_a_cycle_and_an_unexplained_local_import_fail(tmp_path):
+    root = _fake_tree(tmp_path, {
+        "solvers/auto.py": "from solvers.hierarchical import solve\n",
+        "solvers/hierarchical.py": "def solve():\n    from solvers.auto import solve_auto\n",
+    })
+    assert import_cycles(root) == [["solvers.auto", "solvers.hierarchical"]]
+    assert [(i.importer, i.imported) for i in unexplained_local_imports(root)] == [
+        ("solvers.hierarchical", "solvers.auto")]
+
+
+TORCH_FREE_LAYERS = ("optimizer.ir", "solvers", "optimizer.planning")
+
+
+@pytest.mark.parametrize("layer", TORCH_FREE_LAYERS)
+def test_torch_free_layers_import_no_torch(layer):
+    """Importing every module of the layer (in a fresh interpreter) loads no torch."""
+    modules = sorted(m for m in project_modules(ROOT) if m == layer or m.startswith(layer + "."))
+    assert modules
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            + "print(len(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0", f"{layer} imports torch"
