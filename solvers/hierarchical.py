@@ -30,7 +30,7 @@ from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
-from solvers.baselines import store_all_schedule
+from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.block_plan import block_schedules
 from solvers.linearize import linearize
 from solvers.remat_bound import lower_bound
@@ -146,6 +146,9 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
                           f"no schedule fits {budget_bytes} bytes: {bound.message}")
         report(None, bound.bound)
         best = _Best(graph, budget_bytes, on_better=lambda cost: report(cost, min(bound.bound, cost)))
+        # The leanest classic schedule: what the smallest-budget search names for large graphs
+        # (`solvers.checkmate.min_budget`), so every budget an error names has a schedule here.
+        best.offer("recompute-all", recompute_all_schedule(graph))
         limit = options.time_limit_s
         for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
             _run_classic(name, graph, budget_bytes, best, progress, deadline, options)

@@ -4,13 +4,13 @@ matches the exhaustive one, and the planner's infeasible-budget error names that
 from __future__ import annotations
 
 import pytest
-from graphs import random_graph
+from graphs import chain, random_graph
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from optimizer.ir.simulator import simulate
 from optimizer.planning.planner import plan_graph
-from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
+from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.brute_force import min_feasible_budget
 from solvers.checkmate.cpsat import solve_cpsat
@@ -95,3 +95,47 @@ def test_planner_error_for_a_heuristic_says_a_schedule_exists():
     assert info.value.smallest_feasible_bytes == smallest
     assert "one exists" in str(info.value)
 
+
+def _named_budget(graph, solver: str = "auto") -> int:
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_graph(graph, 1, solver, SolverOptions(time_limit_s=2))
+    assert err.value.smallest_feasible_bytes is not None
+    return err.value.smallest_feasible_bytes
+
+
+@pytest.mark.parametrize("length", [90, 120])
+def test_the_budget_an_error_names_plans_on_a_graph_too_large_for_the_exact_search(length, monkeypatch):
+    """A chain past the exact solvers' size (auto hands it to hierarchical; min-budget names the
+    leanest classic peak without a proof): asked for exactly the named budget, auto plans it,
+    by itself (the planner's last resort switched off), at no more than that budget."""
+    import optimizer.planning.planner as planner
+
+    graph = chain(length)
+    assert len(graph.groups) > EXACT_MAX_GROUPS
+    named = _named_budget(graph)
+    monkeypatch.setattr(planner, "SEARCHING_SOLVERS", ())
+    # A time limit too short for the LP rounding and the block plans: what is left must fit.
+    plan = plan_graph(graph, named, "auto", SolverOptions(time_limit_s=0.01))
+    assert plan.predicted_peak_bytes <= named
+    assert "hierarchical" in plan.message
+
+
+def test_when_a_searching_solver_finds_nothing_the_planner_returns_the_named_schedule(monkeypatch):
+    """Whatever auto misses (a time-limited exact model, a heuristic family that cannot reach
+    the budget), the smallest-budget search's schedule is the plan at the budget it names; an
+    explicitly chosen classic solver still raises (its family is what the user asked for)."""
+    import optimizer.planning.planner as planner
+    from solvers.base import SolveResult
+
+    def finds_nothing(graph, budget_bytes, options):
+        return SolveResult("auto", SolveStatus.INFEASIBLE, None, None, None, 0.0, "time limit")
+
+    graph = random_graph(3, n_forward=8)
+    named = _named_budget(graph)
+    monkeypatch.setattr(planner, "get_solver", lambda name: finds_nothing)
+    plan = plan_graph(graph, named, "auto", SolverOptions(time_limit_s=2))
+    assert plan.predicted_peak_bytes <= named
+    assert plan.status == SolveStatus.HEURISTIC.value
+    assert "smallest-budget search" in plan.message
+    with pytest.raises(InfeasibleBudgetError, match="found no schedule, but one exists"):
+        plan_graph(graph, named, "chen", SolverOptions(time_limit_s=2))

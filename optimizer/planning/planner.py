@@ -5,6 +5,7 @@ Pure Python over the IR (no torch), so what-if reports can plan without running 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from optimizer.ir.allocator import AllocatorModel
@@ -13,9 +14,9 @@ from optimizer.ir.graph import RematGraph
 from optimizer.ir.plan import BudgetBreakdown, ModuleSummary, Plan
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
-from solvers.base import InfeasibleBudgetError, SolverOptions
+from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import store_all_schedule
-from solvers.checkmate.min_budget import smallest_feasible_budget
+from solvers.checkmate.min_budget import MinBudget, smallest_feasible_budget
 
 
 def store_all_peak_bytes(graph: RematGraph, allocator: AllocatorModel) -> int:
@@ -48,12 +49,7 @@ def plan_graph(
     graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     solver_budget = allocator.solver_budget(budget_bytes)
-    try:
-        result = get_solver(solver)(graph, solver_budget, options)
-    except InfeasibleBudgetError:
-        raise _infeasible(graph, budget_bytes, solver, options, allocator, "") from None
-    if result.schedule is None:
-        raise _infeasible(graph, budget_bytes, solver, options, allocator, result.message)
+    result = _solve(graph, budget_bytes, solver_budget, solver, options, allocator)
     sim = simulate(graph, result.schedule)
     if sim.peak_bytes > solver_budget:
         raise AssertionError(
@@ -87,11 +83,43 @@ def plan_graph(
     )
 
 
-def _infeasible(graph: RematGraph, budget_bytes: int, solver: str, options: SolverOptions,
-                allocator: AllocatorModel, message: str) -> InfeasibleBudgetError:
-    """The error for a budget ``solver`` could not meet, naming the smallest feasible budget
-    (exact when `solvers.checkmate.min_budget` proves it, within its time limit)."""
+SEARCHING_SOLVERS = ("auto", "hierarchical")
+"""Solvers that promise the best schedule remat-opt can find: when they find none, the schedule
+the smallest-budget search found is theirs too, so every budget an error names plans."""
+
+
+def _solve(graph: RematGraph, budget_bytes: int, solver_budget: int, solver: str,
+           options: SolverOptions, allocator: AllocatorModel) -> SolveResult:
+    """``solver``'s schedule for ``solver_budget``; raises `InfeasibleBudgetError` naming the
+    smallest feasible budget when there is none.
+
+    For `SEARCHING_SOLVERS` the smallest-budget search is the last resort: its schedule is
+    returned when it fits, so a budget at or above the one an earlier error named always plans
+    (the heuristics and a time-limited exact model may miss the schedule that search proves)."""
+    start = time.perf_counter()
+    try:
+        result = get_solver(solver)(graph, solver_budget, options)
+    except InfeasibleBudgetError:
+        result = None
+    if result is not None and result.schedule is not None:
+        return result
+    message = "" if result is None else result.message
     found = smallest_feasible_budget(graph, options)
+    if solver in SEARCHING_SOLVERS:
+        sim = simulate(graph, found.schedule)
+        if sim.peak_bytes <= solver_budget:
+            why = f"{message}; " if message else ""
+            return SolveResult(solver=solver, status=SolveStatus.HEURISTIC, schedule=found.schedule,
+                               objective=sim.total_cost, bound=None,
+                               solve_time_s=time.perf_counter() - start,
+                               message=f"{why}the smallest-budget search's schedule ({found.method})")
+    raise _infeasible(found, budget_bytes, solver, allocator, message)
+
+
+def _infeasible(found: MinBudget, budget_bytes: int, solver: str, allocator: AllocatorModel,
+                message: str) -> InfeasibleBudgetError:
+    """The error for a budget ``solver`` could not meet, naming the smallest feasible budget
+    ``found`` (exact when `solvers.checkmate.min_budget` proves it, within its time limit)."""
     smallest = allocator.planned_peak(found.smallest_bytes)
     lower = allocator.planned_peak(found.lower_bytes)
     detail = f" ({message})" if message else ""
