@@ -6,6 +6,9 @@ together, functionalized (buffer updates such as BatchNorm's running stats becom
 forward outputs), with a FakeTensor on every node. `build_remat_graph` turns that fx graph
 into the framework-neutral `RematGraph`: one node per tensor storage, aliases folded into the
 storage they view, multi-output ops split into siblings, costs from `frontends.costs`.
+Lifted constants (``get_attr`` nodes such as ``_tensor_constant0``, which export makes of
+tensors created in forward) are resident values like parameters: every schedule has them from
+the start, they are never freed, recomputed or differentiated.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from frontends.export_passes import (
     untie_batch_norm_backward,
 )
 from frontends.fakify import fakify_meta, has_meta_tensors
+from frontends.hf_training import (
+    cache_off_for_training,
+    explain_library_construct,
+    explain_unsupported_value,
+)
 from frontends.sharding import check_no_sharded_submodules
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 
@@ -57,6 +65,10 @@ class CapturedStep:
     cost_model: CostModel
     gradient_free_outputs: tuple[int, ...] = ()
     """Flat positions of the outputs planned without a gradient (see `frontends.export_passes`)."""
+    kwarg_overrides: tuple[tuple[str, Any], ...] = ()
+    """Keyword values traced in place of the caller's (``use_cache=False``, see `frontends.hf_training`)."""
+    notes: tuple[str, ...] = ()
+    """What capture changed about the step, for the plan's message (said once)."""
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -81,6 +93,26 @@ def capture(
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
     check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
+    with cache_off_for_training(model, kwargs) as cache_off:  # the config is restored on exit
+        joint, gradient_free = _trace(model, tuple(args), cache_off.kwargs, grad_outputs)
+    untie_batch_norm_backward(joint.graph_module)
+    graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
+    return CapturedStep(
+        joint=joint,
+        graph=graph,
+        value_of=value_of,
+        num_fwd_outputs=num_fwd_outputs,
+        param_names=tuple(joint.params_spec),
+        buffer_names=tuple(joint.buffers_spec),
+        cost_model=cost_model,
+        gradient_free_outputs=gradient_free,
+        kwarg_overrides=tuple(cache_off.kwarg_overrides.items()),
+        notes=cache_off.notes,
+    )
+
+
+def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str):
+    """torch.export, the forward passes of `frontends.export_passes`, then AOTAutograd's joint."""
     if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
         try:
             model, args, kwargs = fakify_meta(model, tuple(args), kwargs)
@@ -102,18 +134,7 @@ def capture(
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
-    untie_batch_norm_backward(joint.graph_module)
-    graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
-    return CapturedStep(
-        joint=joint,
-        graph=graph,
-        value_of=value_of,
-        num_fwd_outputs=num_fwd_outputs,
-        param_names=tuple(joint.params_spec),
-        buffer_names=tuple(joint.buffers_spec),
-        cost_model=cost_model,
-        gradient_free_outputs=gradient_free,
-    )
+    return joint, gradient_free
 
 
 @contextlib.contextmanager
@@ -139,6 +160,10 @@ def _explain_trace_failure(err: Exception) -> str:
     """One line: what failed, and the user's source line (from the traceback or torch's text)."""
     text = str(err).strip().splitlines()
     first = text[0] if text else type(err).__name__
+    known = explain_unsupported_value(first) or explain_library_construct(
+        str(err), traceback.extract_tb(err.__traceback__))
+    if known is not None:
+        return known
     return (f"could not trace the model ({type(err).__name__}: {first}){_user_location(err)}; "
             "remove data-dependent Python control flow or run that part outside the module")
 
@@ -182,6 +207,20 @@ def _placeholder_kind(node: torch.fx.Node) -> NodeKind | None:
     if isinstance(desc, aot_desc.TangentAOTInput):
         return NodeKind.TANGENT
     return NodeKind.INPUT
+
+
+def _constant_value(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node reads (a lifted constant such as ``_tensor_constant0``,
+    made by ``torch.tensor(...)`` in forward); None for non-tensors (``_opaque_obj0``, a
+    ``torch.Generator``; submodules of higher-order ops), which hold no activation memory."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val
+    try:
+        attr = operator.attrgetter(str(node.target))(gm)
+    except AttributeError:
+        return None
+    return attr if isinstance(attr, torch.Tensor) else None
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
@@ -236,9 +275,9 @@ def build_remat_graph(
                  if isinstance(a, torch.fx.Node) and a.name in value_of]
         return tuple(dict.fromkeys(found))
 
-    def claim(fx_node: torch.fx.Node) -> bool:
+    def claim(fx_node: torch.fx.Node, val: Any = None) -> bool:
         """Map fx_node to its storage's value; True when it is a new storage."""
-        val = fx_node.meta.get("val")
+        val = fx_node.meta.get("val") if val is None else val
         if not isinstance(val, torch.Tensor):
             return False
         if not all(isinstance(d, int) for d in val.shape):
@@ -256,6 +295,7 @@ def build_remat_graph(
         value_of[fx_node.name] = fx_node.name
         return True
 
+    constants: list[Node] = []  # lifted constants: resident values, placed after the placeholders
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             if claim(node):
@@ -264,6 +304,12 @@ def build_remat_graph(
                 nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"]), op="placeholder"))
                 if kind is NodeKind.TANGENT:
                     backward_nodes.add(node.name)
+            continue
+        if node.op == "get_attr":
+            constant = _constant_value(gm, node)
+            if constant is not None and claim(node, constant):
+                constants.append(Node(node.name, NodeKind.PARAMETER, Phase.FORWARD,
+                                      _storage_nbytes(constant), op="get_attr"))
             continue
         if node.op != "call_function" or node.target is operator.getitem:
             continue
@@ -330,8 +376,9 @@ def build_remat_graph(
             forward_outputs.append(value)
             if isinstance(desc, aot_desc.PlainAOTOutput):
                 user_outputs.append(value)
+    first_op = next((i for i, n in enumerate(nodes) if n.is_op), len(nodes))
     graph = RematGraph(
-        tuple(nodes),
+        tuple(nodes[:first_op] + constants + nodes[first_op:]),
         forward_outputs=tuple(dict.fromkeys(forward_outputs)),
         user_outputs=tuple(dict.fromkeys(user_outputs)),
         backward_outputs=tuple(dict.fromkeys(backward_outputs)),

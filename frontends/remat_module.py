@@ -64,6 +64,7 @@ class RematModule(torch.nn.Module):
         self._param_names = captured.param_names
         self._buffer_names = captured.buffer_names
         self._gradient_free_outputs = captured.gradient_free_outputs
+        self._kwarg_overrides = dict(captured.kwarg_overrides)  # use_cache=False: see hf_training
         self._signature = _signature((tuple(example_args), dict(example_kwargs or {})))
         self._param_signature = self._current_param_signature()
         graphs: dict[str, torch.fx.GraphModule] = {}
@@ -111,7 +112,7 @@ class RematModule(torch.nn.Module):
         self._check(args, kwargs)
         tensors = [self.model.get_parameter(n) for n in self._param_names]
         tensors += [self.model.get_buffer(n) for n in self._buffer_names]
-        outputs = self._compiled(*tensors, *args, **kwargs)
+        outputs = self._compiled(*tensors, *args, **{**kwargs, **self._kwarg_overrides})
         if not self._gradient_free_outputs:
             return outputs
         flat, spec = tree_flatten(outputs)

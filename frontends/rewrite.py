@@ -94,10 +94,11 @@ class _JointBuilder:
         self.view_memo: dict[tuple, fx.Node] = {}
         self.roots: dict[str, tuple[str, ...]] = {}
         self.recomputed: list[str] = []
-        for node in self.old.nodes:
-            if node.op == "placeholder":
-                copy = self.graph.node_copy(node)
-                self.env[node.name] = copy
+        # Inputs and lifted constants (``get_attr``) exist before any step: every schedule
+        # starts with them, and the split copies a constant into each graph that reads it.
+        for op in ("placeholder", "get_attr"):
+            for node in self.old.find_nodes(op=op, sort=True):
+                self.env[node.name] = self.graph.node_copy(node)
         output = self.old.find_nodes(op="output")[0]
         self.output_node = output
         self.outputs = list(output.args[0])
@@ -107,7 +108,7 @@ class _JointBuilder:
         """The new-graph node that stands for old ``node`` at this point of ``tag``'s region."""
         if not isinstance(node, fx.Node):
             return node
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):
             return self.env[node.name]
         value = self.captured.value_of.get(node.name)
         if value == node.name and value in self.env:
@@ -127,7 +128,7 @@ class _JointBuilder:
         """The values (storages) an alias or helper node is derived from, without compute."""
         if node.name not in self.roots:
             value = self.captured.value_of.get(node.name)
-            if node.op == "placeholder" or value == node.name:
+            if node.op in ("placeholder", "get_attr") or value == node.name:
                 found: tuple[str, ...] = (value or node.name,)
             elif value is not None:
                 found = (value,)

@@ -8,7 +8,9 @@ An op with several used outputs (``native_layer_norm``, ``native_dropout``) beco
 sibling nodes that share one ``group``: they are always computed together (the op runs once
 and allocates every output), but each can be freed on its own. The group's compute cost is
 carried by its first node; ``temp_bytes`` holds outputs nobody uses, allocated and dropped
-at once. This module imports no torch.
+at once. Lifted constants (tensors the model's forward creates, which the capture holds as
+``get_attr`` values) are `NodeKind.PARAMETER` values: like a buffer, every schedule has them from
+the start, they are never freed or recomputed and get no gradient. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Phase(enum.Enum):
 class NodeKind(enum.Enum):
     """Where a value comes from."""
 
-    PARAMETER = "parameter"  # parameters and buffers: resident for the whole step
+    PARAMETER = "parameter"  # parameters, buffers, lifted constants: resident for the whole step
     INPUT = "input"  # user inputs: held by the caller for the whole step
     TANGENT = "tangent"  # output gradients: arrive when backward starts
     OP = "op"  # computed by the step; may be freed and recomputed
@@ -158,7 +160,7 @@ class RematGraph:
 
     @cached_property
     def resident_bytes(self) -> int:
-        """Parameters, buffers and user inputs: live for the whole step."""
+        """Parameters, buffers, lifted constants and user inputs: live for the whole step."""
         return sum(n.bytes for n in self.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT))
 
     @cached_property

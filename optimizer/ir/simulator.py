@@ -1,7 +1,8 @@
 """The simulator: the single source of truth for a schedule's validity, peak memory and cost.
 
 Memory model (what the rewritten module does when it runs):
-- parameters, buffers and user inputs are resident for the whole step;
+- parameters, buffers, lifted constants (all `NodeKind.PARAMETER`) and user inputs are
+  resident for the whole step: live before the first step, never freed or computed;
 - computing an op allocates all its outputs (siblings) plus its unused outputs (temp bytes)
   while its inputs are still live; the unused outputs are dropped right after;
 - output gradients (tangents) arrive when backward starts;
