@@ -30,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
+from frontends.custom_functions import refuse_custom_functions
 from frontends.export_passes import (
     check_grad_outputs,
     detach_gradient_free_outputs,
@@ -37,6 +38,7 @@ from frontends.export_passes import (
     untie_batch_norm_backward,
 )
 from frontends.fakify import fakify_meta, has_meta_tensors
+from frontends.forward_guards import forward_guards
 from frontends.hf_training import (
     cache_off_for_training,
     explain_library_construct,
@@ -48,6 +50,11 @@ from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 
 class CaptureError(RuntimeError):
     """The model could not be traced into a training graph; the message says why and where."""
+
+
+class UnreplayableForwardError(CaptureError):
+    """The forward does in Python what the captured graph cannot replay (a hook, a Python RNG
+    draw, a changed attribute): see `frontends.forward_guards`."""
 
 
 @dataclass(frozen=True)
@@ -81,20 +88,27 @@ def capture(
     kwargs: dict | None = None,
     cost_model: CostModel = FLOPS_MODEL,
     grad_outputs: str = "losses",
+    python_side_effects: str | None = None,
 ) -> CapturedStep:
     """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
 
     ``grad_outputs="losses"`` (default): a model that returns a scalar loss next to other
     outputs is planned for ``loss.backward()``, the others get no gradient (a gradient that
     reaches them at run time raises); ``"all"``: backward may start from every output.
+    ``python_side_effects``: ``"error"`` (default) raises `UnreplayableForwardError` when the
+    forward does in Python what the graph cannot replay, ``"ignore"`` plans with the values of
+    capture time (see `frontends.forward_guards`).
     """
     kwargs = dict(kwargs or {})
     check_grad_outputs(grad_outputs)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
     check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
-    with cache_off_for_training(model, kwargs) as cache_off:  # the config is restored on exit
+    with cache_off_for_training(model, kwargs) as cache_off, forward_guards(  # both restore on exit
+            model, tuple(args), cache_off.kwargs, python_side_effects, UnreplayableForwardError) as guard, \
+            refuse_custom_functions(UnreplayableForwardError):  # their backward would be lost
         joint, gradient_free = _trace(model, tuple(args), cache_off.kwargs, grad_outputs)
+        guard.check_graph(joint.graph_module)
     untie_batch_norm_backward(joint.graph_module)
     graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
     return CapturedStep(
@@ -122,6 +136,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str)
         warnings.simplefilter("ignore")
         try:
             exported = torch.export.export(model, tuple(args), kwargs, strict=False)
+        except UnreplayableForwardError:  # already one line that names the construct
+            raise
         except Exception as err:  # re-raised with the user's line, not torch's internals
             raise CaptureError(_explain_trace_failure(err)) from err
         forward = exported.module()

@@ -29,6 +29,7 @@ def optimize(
     allocator: AllocatorModel | None = None,
     milp_engine: str = "auto",
     grad_outputs: str = "losses",
+    python_side_effects: str = "error",
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -45,11 +46,16 @@ def optimize(
     ``grad_outputs="losses"`` plans a model that returns a scalar loss next to other outputs
     (``(loss, logits)``) for ``loss.backward()``: the other outputs carry no gradient, as under
     plain autograd, and backward through them raises; ``"all"`` plans backward from every output.
+    ``python_side_effects="error"`` (default) refuses, with
+    `frontends.capture.UnreplayableForwardError`, a forward that does in Python what the captured
+    graph cannot replay (Python or numpy random draws, attributes it changes, module hooks,
+    tensor hooks registered in forward, reseeding; README "What the graph runtime preserves");
+    ``"ignore"`` plans it with the values of capture time.
     """
     example_inputs = _as_tuple(example_inputs)
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
-                                       options, cost_model, allocator, grad_outputs)
+                                       options, cost_model, allocator, grad_outputs, python_side_effects)
     return RematModule(model, captured, plan, example_inputs, example_kwargs)
 
 
@@ -59,11 +65,13 @@ def _as_tuple(example_inputs) -> tuple:
 
 def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
                       solver: str, options: SolverOptions, cost_model: str,
-                      allocator: AllocatorModel | None, grad_outputs: str = "losses"):
+                      allocator: AllocatorModel | None, grad_outputs: str = "losses",
+                      python_side_effects: str | None = None):
     """Capture the step and plan it; a malformed budget fails before the (slow) capture."""
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
         parse_bytes(budget)
-    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs)
+    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs,
+                                  python_side_effects)
     plan = plan_graph(captured.graph, budget, solver, options,
                       graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
     if captured.notes:  # what capture changed about the step (use_cache=False), said once
@@ -85,8 +93,9 @@ def plan_only(
     allocator: AllocatorModel | None = None,
     milp_engine: str = "auto",
     grad_outputs: str = "losses",
+    python_side_effects: str = "error",
 ) -> Plan:
     """The plan `optimize` would make, without building the module (what-if use)."""
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
-                             options, cost_model, allocator, grad_outputs)[1]
+                             options, cost_model, allocator, grad_outputs, python_side_effects)[1]

@@ -1,7 +1,7 @@
 """``remat-opt MODEL.py --budget 16GB``: plan a model file's training step and report it.
 
 ``remat-opt verify MODEL.py --budget B`` runs the plan and plain autograd in float64 and
-compares gradients and peak memory.
+compares gradients and peak memory, then two consecutive steps and the model state after them.
 
 ``remat-opt MODEL.py --sweep 20%:100%:10 [--max-batch --budget B] [--report r.html]`` answers
 what-if questions offline (`optimizer.app.whatif`): every strategy at every budget, the largest batch
@@ -10,7 +10,8 @@ that fits, the memory timeline; nothing is run or allocated.
 Exit codes (documented in the README):
   0 planned (verify: passed); 2 bad command line or budget; 3 model file unusable; 4 model cannot
   be traced; 5 budget below the smallest feasible one; 6 solver back-end not installed;
-  7 output path taken; 8 verify: gradients or peak memory differ; 1 internal error (a bug).
+  7 output path taken; 8 verify: gradients, peak memory or the two steps differ; 1 internal error
+  (a bug).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="remat-opt verify" if verify else "remat-opt",
         description=(
-            "Run the plan and plain autograd in float64; compare gradients and peak memory. "
+            "Run the plan and plain autograd in float64; compare gradients and peak memory, then "
+            "two consecutive steps (same Python, numpy and torch seeds) and the model state after them. "
             "The plan is made for the float64 copy, whose floating tensors are twice as large: "
             "give the budget for it."
             if verify else
@@ -78,6 +80,10 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         choices=("auto", "highs", "cbc"),
                         help="what solves the MILP: HiGHS (highspy) when installed, else CBC bundled with PuLP "
                              "(--backend: its old name)")
+    parser.add_argument("--python-side-effects", choices=("error", "ignore"), default="error",
+                        help="error (default): refuse a model whose forward does in Python what the "
+                             "captured graph cannot replay (Python or numpy random draws, attributes "
+                             "it changes, module hooks); ignore: plan it with the values of capture time")
     if verify:
         return parser
     parser.add_argument("--device", metavar="NAME",
@@ -185,6 +191,18 @@ def _load(args: argparse.Namespace):
 
 
 @contextlib.contextmanager
+def _side_effects_policy(args: argparse.Namespace):
+    """--python-side-effects for every capture inside, also those reached without the keyword
+    (what-if reports, --meta, per-rank plans)."""
+    from frontends.forward_guards import (  # heavy: torch, not imported for --help or a usage error
+        python_side_effects_policy,
+    )
+
+    with python_side_effects_policy(args.python_side_effects):
+        yield
+
+
+@contextlib.contextmanager
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
@@ -227,7 +245,8 @@ def run(args: argparse.Namespace) -> str:
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
-                          milp_engine=args.milp_engine, grad_outputs=args.grad_outputs)
+                          milp_engine=args.milp_engine, grad_outputs=args.grad_outputs,
+                          python_side_effects=args.python_side_effects)
     plan = module.plan
     measured = None
     if args.measure:
@@ -261,7 +280,7 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
         raise CliError("--cost-model profile times ops on a device: use flops or roofline:<device> "
                        "with --meta", EXIT_USAGE)
     solver = "hierarchical" if args.solver == "auto" else args.solver
-    with _planning_errors(budget):
+    with _planning_errors(budget), _side_effects_policy(args):
         planned = plan_without_hardware(model, inputs, budget, solver=solver,
                                         time_limit=args.time_limit, cost_model=cost_model,
                                         verbose=args.verbose, name=args.model, allocator=allocator,
@@ -343,7 +362,7 @@ def run_whatif(args: argparse.Namespace) -> str:
         plots=bool(args.report or args.plots),
     )
     total = None if args.max_batch else 2 + count_solves(strategies, len(sweep))
-    with _planning_errors(budget), _progress_bar(total) as tick:
+    with _planning_errors(budget), _side_effects_policy(args), _progress_bar(total) as tick:
         try:
             report = what_if(model, inputs, request, progress=tick)
         except WhatIfError as err:  # a batch dimension or budget the search cannot use
@@ -380,7 +399,7 @@ def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, a
         config = DataParallelConfig(world_size=args.world_size, strategy=args.strategy)
     except ValueError as err:
         raise CliError(str(err), EXIT_USAGE) from None
-    with _planning_errors(budget):
+    with _planning_errors(budget), _side_effects_policy(args):
         ranked = plan_model_for_rank(model, inputs, budget, config, solver=args.solver,
                                      time_limit=args.time_limit, cost_model=cost_model,
                                      allocator=allocator, milp_engine=args.milp_engine, verbose=args.verbose)
@@ -418,6 +437,7 @@ def run_verify(args: argparse.Namespace) -> tuple[str, bool]:
     """Run the plan and plain autograd in float64; return the report and whether it passed."""
     from optimizer.app.verify import (  # heavy: torch, not imported for --help or a usage error
         GRADIENT_TOLERANCE,
+        STEPS_TOLERANCE,
         verify,
     )
 
@@ -425,7 +445,7 @@ def run_verify(args: argparse.Namespace) -> tuple[str, bool]:
     model, inputs = _load(args)
     with _planning_errors(budget):
         result = verify(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
-                        milp_engine=args.milp_engine)
+                        milp_engine=args.milp_engine, python_side_effects=args.python_side_effects)
     verdict = "PASS" if result.passed else "FAIL"
     lines = [
         f"remat-opt verify {args.model} --budget {args.budget} (float64): {verdict}",
@@ -435,6 +455,11 @@ def run_verify(args: argparse.Namespace) -> tuple[str, bool]:
         f"  peak memory                  measured {format_bytes(result.measured_peak_bytes)},"
         f" predicted {format_bytes(result.predicted_peak_bytes)}"
         f" ({'ok' if result.peak_ok else 'FAIL'}), plain autograd {format_bytes(result.plain_peak_bytes)}",
+        f"  two consecutive steps        max relative error {result.max_relative_two_step_error:.3e}"
+        f" ({'ok' if result.max_relative_two_step_error <= STEPS_TOLERANCE else 'FAIL'}: <= {STEPS_TOLERANCE:g})",
+        "  model state after two steps  "
+        + ("same as plain autograd" if not result.state_differences
+           else "FAIL: " + "; ".join(result.state_differences[:3])),
     ]
     return "\n".join(lines), result.passed
 
