@@ -52,6 +52,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
+from vs_pytorch_measure import max_relative_error  # noqa: E402  (this folder is on sys.path)
 
 from frontends.costed_capture import capture_with_costs  # noqa: E402
 from frontends.memory_tracker import track_live_memory  # noqa: E402
@@ -244,20 +245,6 @@ def _step(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict) -> Non
     del out
 
 
-def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    if a.keys() != b.keys():
-        missing = sorted(a.keys() ^ b.keys())
-        raise AssertionError(f"different tensors: {missing[:3]} ({len(missing)} differ)")
-    worst = 0.0
-    for name, ref in b.items():
-        if not ref.is_floating_point():
-            worst = max(worst, 0.0 if torch.equal(a[name], ref) else 1.0)
-            continue
-        scale = ref.abs().max().clamp_min(1e-300)
-        worst = max(worst, float((a[name].double() - ref.double()).abs().max() / scale))
-    return worst
-
-
 def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -328,7 +315,7 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
         row["fx_nodes"] = len(captured.gm.graph.nodes)
         graph = captured.graph
         row["op_groups"] = len({n.group for n in graph.nodes if n.group})
-        if _relative_error(_buffers(model), start_buffers) != 0.0:
+        if max_relative_error(_buffers(model), start_buffers) != 0.0:
             raise AssertionError("capture changed the model's buffers")
 
         stage = "plan"
@@ -361,8 +348,8 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _step(rm, model, args, kwargs)
-        row["grad_err"] = _relative_error(_grads(model), ref_grads)
-        row["buffer_err"] = _relative_error(_buffers(model), ref_buffers) if ref_buffers else 0.0
+        row["grad_err"] = max_relative_error(_grads(model), ref_grads)
+        row["buffer_err"] = max_relative_error(_buffers(model), ref_buffers) if ref_buffers else 0.0
         model.zero_grad(set_to_none=True)
         _restore(model, start_buffers)
 
