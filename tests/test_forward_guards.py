@@ -26,7 +26,8 @@ from torch import nn
 
 from frontends.capture import CaptureError, UnreplayableForwardError
 from frontends.compile_backend import remat_backend
-from frontends.forward_guards import plain_attributes, python_side_effects_policy
+from frontends.forward_guards import python_side_effects_policy
+from frontends.forward_state import plain_attributes
 from optimizer import optimize
 from optimizer.app.cli import EXIT_TRACE, EXIT_VERIFY_FAILED, main
 from optimizer.app.verify import verify

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from frontends.forward_guards import differing_attributes, plain_attributes
+from frontends.forward_state import differing_attributes, plain_attributes
 from frontends.memory_tracker import track_live_memory
 from optimizer.app.api import optimize
 
