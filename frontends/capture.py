@@ -17,7 +17,6 @@ import contextlib
 import io
 import logging
 import operator
-import os
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from frontends.hf_training import (
     explain_unsupported_value,
 )
 from frontends.sharding import check_no_sharded_submodules
+from frontends.user_code import is_user_file
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 
 
@@ -184,20 +184,13 @@ def _explain_trace_failure(err: Exception) -> str:
             "remove data-dependent Python control flow or run that part outside the module")
 
 
-def _is_user_file(filename: str) -> bool:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return not ("site-packages" in filename or "/torch/" in filename or filename.startswith("<")
-                or os.path.abspath(filename).startswith(here + os.sep + "frontends")
-                or os.path.abspath(filename).startswith(here + os.sep + "optimizer"))
-
-
 def _user_location(err: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if _is_user_file(f.filename)]
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if is_user_file(f.filename)]
     if frames:
         return f' at File "{frames[-1].filename}", line {frames[-1].lineno}'
     for line in reversed(str(err).splitlines()):
         stripped = line.strip()
-        if stripped.startswith("File ") and _is_user_file(stripped.split('"')[1] if '"' in stripped else ""):
+        if stripped.startswith("File ") and is_user_file(stripped.split('"')[1] if '"' in stripped else ""):
             return f" at {stripped}"
     return ""
 

@@ -16,8 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map
 
-from frontends.capture import capture
-from frontends.costs import cost_model_from_name, model_dtype
+from frontends.costed_capture import capture_with_costs
 from optimizer.ir.plan import Plan
 from optimizer.ir.plan_text import format_plan
 from optimizer.planning.planner import plan_graph
@@ -80,9 +79,8 @@ def plan_without_hardware(
     module = _build(model)
     fake = any(isinstance(t, FakeTensor) for t in [*module.parameters(), *module.buffers()])
     inputs = tuple(example_inputs) if fake else tree_map(_to_meta, tuple(example_inputs))
-    costs = cost_model_from_name(cost_model, dtype=model_dtype(module))
     start = time.perf_counter()
-    captured = capture(module, inputs, cost_model=costs, grad_outputs=grad_outputs)
+    captured = capture_with_costs(module, inputs, None, cost_model, grad_outputs)
     capture_s = time.perf_counter() - start
     options = SolverOptions(time_limit_s=time_limit, verbose=verbose)
     fx_nodes = len(captured.gm.graph.nodes)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import copy
 import random
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from frontends.forward_state import differing_attributes, plain_attributes
 from frontends.memory_tracker import track_live_memory
+from frontends.rng_states import numpy_random
 from optimizer.app.api import optimize
 
 GRADIENT_TOLERANCE = 1e-10
@@ -79,9 +79,9 @@ def first_tensor(output) -> torch.Tensor:
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, numpy's global RNG (when numpy is loaded) and torch."""
     random.seed(seed)
-    numpy = sys.modules.get("numpy")  # not loaded: nothing can draw from it
-    if numpy is not None:
-        numpy.random.seed(seed)
+    np_random = numpy_random()  # None when numpy is not loaded: nothing can draw from it
+    if np_random is not None:
+        np_random.seed(seed)
     torch.manual_seed(seed)
 
 
