@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import operator
 import os
 import platform
 import re
@@ -55,6 +56,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from vs_pytorch_measure import max_relative_error  # noqa: E402  (this folder is on sys.path)
 
 from frontends.costed_capture import capture_with_costs  # noqa: E402
+from frontends.measure import unique_storage_bytes  # noqa: E402
 from frontends.memory_tracker import track_live_memory  # noqa: E402
 from frontends.remat_module import RematModule  # noqa: E402
 from optimizer.planning.planner import plan_graph  # noqa: E402
@@ -266,16 +268,8 @@ def _resident_bytes(rm: RematModule, model: nn.Module, args: tuple, kwargs: dict
     for gm in (rm.forward_graph, rm.backward_graph):
         for node in gm.graph.nodes:
             if node.op == "get_attr":
-                value = gm
-                for part in node.target.split("."):
-                    value = getattr(value, part)
-                tensors.append(value)
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-    return sum(seen.values())
+                tensors.append(operator.attrgetter(node.target)(gm))
+    return unique_storage_bytes(tensors)
 
 
 def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambda stage: None,

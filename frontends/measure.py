@@ -98,7 +98,7 @@ def _timed_step(module: torch.nn.Module, inputs: tuple, kwargs: dict, device: to
 def _cpu_peak(module: torch.nn.Module, inputs: tuple, kwargs: dict) -> tuple[int, int]:
     _clear_grads(module)
     gc.collect()
-    resident = _unique_storage_bytes([*module.parameters(), *module.buffers(), *tree_flatten((inputs, kwargs))[0]])
+    resident = unique_storage_bytes([*module.parameters(), *module.buffers(), *tree_flatten((inputs, kwargs))[0]])
     with track_live_memory() as tracker:
         _step(module, inputs, kwargs)
     return resident + tracker.result.peak_bytes, resident
@@ -115,7 +115,8 @@ def _cuda_peak(module: torch.nn.Module, inputs: tuple, kwargs: dict, device: tor
     return torch.cuda.max_memory_allocated(device), resident
 
 
-def _unique_storage_bytes(values: list[Any]) -> int:
+def unique_storage_bytes(values: list[Any]) -> int:
+    """Bytes of the distinct storages among ``values`` (tensors sharing a storage count once)."""
     seen: dict[int, int] = {}
     for v in values:
         if isinstance(v, torch.Tensor):
