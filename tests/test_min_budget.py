@@ -131,6 +131,8 @@ def test_when_a_searching_solver_finds_nothing_the_planner_returns_the_named_sch
         return SolveResult("auto", SolveStatus.INFEASIBLE, None, None, None, 0.0, "time limit")
 
     graph = random_graph(3, n_forward=8)
+    found = smallest_feasible_budget(graph, SolverOptions(time_limit_s=2))  # time-limited: fixed once
+    monkeypatch.setattr(planner, "smallest_feasible_budget", lambda graph, options: found)
     named = _named_budget(graph)
     monkeypatch.setattr(planner, "get_solver", lambda name: finds_nothing)
     plan = plan_graph(graph, named, "auto", SolverOptions(time_limit_s=2))
