@@ -43,6 +43,7 @@ from frontends.hf_training import (
     explain_library_construct,
     explain_unsupported_value,
 )
+from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, state_device_bytes
 from frontends.sharding import check_no_sharded_submodules
 from frontends.user_code import is_user_file
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
@@ -89,6 +90,7 @@ def capture(
     cost_model: CostModel = FLOPS_MODEL,
     grad_outputs: str = "losses",
     python_side_effects: str | None = None,
+    replay_random: bool = True,
 ) -> CapturedStep:
     """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
 
@@ -97,7 +99,9 @@ def capture(
     reaches them at run time raises); ``"all"``: backward may start from every output.
     ``python_side_effects``: ``"error"`` (default) raises `UnreplayableForwardError` when the
     forward does in Python what the graph cannot replay, ``"ignore"`` plans with the values of
-    capture time (see `frontends.forward_guards`).
+    capture time (see `frontends.forward_guards`). ``replay_random`` (default) lets the plan
+    recompute random ops such as dropout by replaying their generator state (see
+    `frontends.rng_replay`); False keeps every random output, as before.
     """
     kwargs = dict(kwargs or {})
     check_grad_outputs(grad_outputs)
@@ -110,6 +114,8 @@ def capture(
         joint, gradient_free = _trace(model, tuple(args), cache_off.kwargs, grad_outputs)
         guard.check_graph(joint.graph_module)
     untie_batch_norm_backward(joint.graph_module)
+    if replay_random:
+        add_rng_states(joint.graph_module)
     graph, value_of, num_fwd_outputs = build_remat_graph(joint.graph_module, cost_model, type(model).__name__)
     return CapturedStep(
         joint=joint,
@@ -343,7 +349,7 @@ def build_remat_graph(
         target = node.target
         tags = getattr(target, "tags", ())
         schema = getattr(target, "_schema", None)
-        random = torch.Tag.nondeterministic_seeded in tags
+        random = torch.Tag.nondeterministic_seeded in tags or target is RNG_STATE_OP
         mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure() and not random)
         if target not in RECOMPUTABLE_READERS_OF_MUTATED and any(
             value_of.get(a.name) in mutated for a in reads
@@ -357,10 +363,14 @@ def build_remat_graph(
                   and StorageWeakRef(t.untyped_storage()) not in root_of_storage]
         temp = sum(_storage_nbytes(t) for t in unused)
         ins = inputs_of(node)
+        replays = value_of.get(node.meta.get(RNG_STATE_META, ""), "")  # see frontends.rng_replay
+        if replays:
+            ins = (*ins, replays)
         for k, out in enumerate(fresh):
             nodes.append(Node(
                 name=out.name, kind=NodeKind.OP, phase=phase,
-                bytes=_op_output_nbytes(node, out.meta["val"]), inputs=ins, group=node.name,
+                bytes=state_device_bytes(node) if target is RNG_STATE_OP else _op_output_nbytes(node, out.meta["val"]),
+                inputs=ins, group=node.name, rng_state=replays,
                 cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
                 temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
                 module=module, op=str(target),

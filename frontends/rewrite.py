@@ -8,6 +8,8 @@ they are read, so they hold no storage of their own. Every copy is tagged as for
 backward-only, then torch's own ``_extract_fwd_bwd_modules`` splits the graph into the
 forward (which returns the outputs and the values backward reads: the saved set) and the
 backward. fx frees each value after its last read, which is exactly the simulator's model.
+A recomputed random op runs through `frontends.rng_replay.replay` with the generator state saved
+before its first run, so it draws the same numbers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
 from frontends.capture import CapturedStep
+from frontends.rng_replay import RNG_STATE_META, replay, state_device
 from optimizer.ir.schedule import Schedule, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"
@@ -159,6 +162,11 @@ class _JointBuilder:
         copy = self._copy(op, tag, op.name + suffix)
         if tag == BACKWARD_TAG and op.target in _WITHOUT_STATS:
             copy.target, copy.args = _WITHOUT_STATS[op.target](copy.args)
+        state = op.meta.get(RNG_STATE_META)
+        if count and state:  # a recomputed random op draws what its first run drew
+            copy.args = (self.read(self.by_name[state], tag), state_device(self.by_name[state]),
+                         op.target, *copy.args)
+            copy.target = replay
         if suffix:
             self.recomputed.append(copy.name)
         pinned = set(graph.user_outputs)  # the caller holds the first instance: keep reading it
@@ -166,7 +174,7 @@ class _JointBuilder:
             if not (value in pinned and count):
                 self._set(value, copy)
             return
-        n_outputs = len(copy.meta["val"]) if copy.target is op.target else 3
+        n_outputs = 3 if tag == BACKWARD_TAG and op.target in _WITHOUT_STATS else len(copy.meta["val"])
         for user in op.users:
             if user.name in pinned and self.instance.get(user.name, 0):
                 continue

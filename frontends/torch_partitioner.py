@@ -86,7 +86,7 @@ def partition_schedule(captured: CapturedStep, fraction: float) -> TorchPartitio
     except Exception as err:  # torch's failure is a finding of the comparison, not our bug
         return TorchPartition(fraction, None, message=f"torch's partitioner failed: {_one_line(err)}")
 
-    forward = _computes(fw_module, captured)
+    forward = _with_rng_states(graph, _computes(fw_module, captured))
     backward = _computes(bw_module, captured)
     run_once_kept = tuple(dict.fromkeys(
         name for name in backward if graph[name].compute_once and graph[name].phase is Phase.FORWARD
@@ -121,6 +121,18 @@ def _computes(module: torch.fx.GraphModule, captured: CapturedStep) -> list[str]
     groups = captured.graph.groups
     return [groups[node.name][0] for node in module.graph.nodes
             if node.op == "call_function" and node.name in groups]
+
+
+def _with_rng_states(graph, forward: list[str]) -> list[str]:
+    """``forward`` with each replayable random op's saved state computed right before its first
+    run: the state is an IR input of the op only (no fx node reads it), so torch drops it."""
+    out: list[str] = []
+    for name in forward:
+        state = graph[name].rng_state
+        if state and state not in out:
+            out.append(state)
+        out.append(name)
+    return out
 
 
 def _saved_values(fw_module: torch.fx.GraphModule, captured: CapturedStep) -> tuple[str, ...]:

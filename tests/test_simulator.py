@@ -122,3 +122,45 @@ def test_a_user_output_is_never_freed_even_when_its_op_is_recomputed():
     bad = Schedule(forward=s.forward + (free("loss"),), backward=(compute("loss"),) + s.backward)
     with pytest.raises(InvalidScheduleError, match="held by the caller"):
         simulate(g, bad)
+
+
+def _replayable_graph() -> RematGraph:
+    """x -> s1 (saved state) -> d1 = dropout(x) replaying s1 -> s2 -> d2 = dropout(d1) -> loss."""
+    nodes = (
+        Node("x", NodeKind.INPUT, F, 10),
+        op("s1", F, 5, [], cost=0.0, random=True),
+        op("d1", F, 10, ["x", "s1"], random=True, rng_state="s1"),
+        op("s2", F, 5, [], cost=0.0, random=True),
+        op("d2", F, 10, ["d1", "s2"], random=True, rng_state="s2"),
+        op("loss", F, 1, ["d2"]),
+        Node("t", NodeKind.TANGENT, B, 1),
+        op("g2", B, 10, ["t", "d2"]),
+        op("g1", B, 10, ["g2", "d1"]),
+    )
+    return RematGraph(nodes, forward_outputs=("loss",), user_outputs=("loss",), backward_outputs=("g1",))
+
+
+def test_a_replayable_random_op_may_be_recomputed_from_its_saved_state():
+    g = _replayable_graph()
+    assert not g["d1"].compute_once and g["d1"].replays_rng and g["s1"].compute_once
+    forward = ["s1", "d1", "s2", "d2", "loss"]
+    kept = simulate(g, Schedule.from_computes(g, forward, ["g2", "g1"]))
+    replayed = simulate(g, Schedule.from_computes(g, forward, ["g2", "d1", "g1"]))
+    assert dict(replayed.recomputed) == {"d1": 2}
+    assert "s1" in replayed.saved and "d1" not in replayed.saved  # 5 bytes of state for 10 of output
+    assert replayed.boundary_bytes == kept.boundary_bytes - 10 + 5
+
+
+def test_a_replayable_random_op_draws_first_in_forward_in_order():
+    g = _replayable_graph()
+    late = Schedule(  # d1's first (drawing) run after s2 was taken: d2's state would be stale
+        forward=(compute("s1"), compute("s2"), compute("d1"), compute("d2"), compute("loss")),
+        backward=(compute("g2"), compute("g1")),
+    )
+    with pytest.raises(InvalidScheduleError, match="first run in forward, in the original order"):
+        simulate(g, late)
+    with pytest.raises(ValueError, match="replays 's1'"):
+        RematGraph((Node("x", NodeKind.INPUT, F, 1), op("s1", F, 5, [], random=True),
+                    op("d1", F, 1, ["x"], random=True, rng_state="s1")), ("d1",), ("d1",), ())
+    dropped = Schedule.from_computes(g, ["s1", "d1", "s2", "d2", "loss"], ["g2", "g1"])
+    assert dropped.computes("forward").count("d1") == 1  # the drawing run is never dropped

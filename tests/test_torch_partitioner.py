@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -59,10 +60,26 @@ def test_partitioner_does_not_change_the_captured_graph(mlp_step):
     assert [n.format_node() for n in mlp_step.gm.graph.nodes] == before
 
 
-def test_random_ops_torch_would_replay_are_kept_from_forward():
+def test_random_ops_torch_replays_are_replayed():
     gpt = example_module("gpt")
     step = MetaCapturer(gpt.GPT(n_layers=1, dropout=0.1), gpt.get_inputs()).at()
     part = partition_schedule(step, 0.0)  # saves only inputs: torch replays dropout in backward
+    assert part.schedule is not None, part.message
+    assert not part.run_once_kept  # dropout replays its saved generator state (frontends.rng_replay)
+    counts = part.schedule.compute_counts()
+    dropouts = [n.name for n in step.graph.ops if n.replays_rng]
+    assert dropouts and all(counts[name] == 2 for name in dropouts)
+    simulate(step.graph, part.schedule)
+
+
+def test_random_ops_that_cannot_replay_are_kept_from_forward():
+    gpt = example_module("gpt")
+    step = MetaCapturer(gpt.GPT(n_layers=1, dropout=0.1), gpt.get_inputs()).at()
+    states = {n.rng_state for n in step.graph.nodes if n.rng_state}
+    nodes = tuple(replace(n, inputs=tuple(i for i in n.inputs if i != n.rng_state), rng_state="")
+                  for n in step.graph.nodes if n.name not in states)  # as with replay_random=False
+    step = replace(step, graph=replace(step.graph, nodes=nodes))
+    part = partition_schedule(step, 0.0)
     assert part.schedule is not None, part.message
     assert part.run_once_kept and all(step.graph[n].random for n in part.run_once_kept)
     assert "kept from forward" in part.message

@@ -53,7 +53,7 @@ class Node:
     temp_bytes: int = 0
     """Bytes the op allocates but nobody uses; live only while the op runs."""
     random: bool = False
-    """Draws random numbers: computed exactly once, in its own phase (never recomputed)."""
+    """Draws random numbers. Without ``rng_state`` it is computed exactly once, in its own phase."""
     mutates: bool = False
     """Mutates state, has a side effect, or reads a buffer the step updates: computed exactly
     once, in its own phase."""
@@ -61,15 +61,25 @@ class Node:
     """Module path that produced it (forward ops), for per-module summaries."""
     op: str = ""
     """Name of the op, for reports (e.g. ``aten.mm.default``)."""
+    rng_state: str = ""
+    """For a random op that can be replayed: the value holding the generator state saved right
+    before its first run (also one of its inputs). A recomputation restores that state, draws the
+    same numbers and puts the generator back, so only the first run advances the stream: it runs
+    in forward, in the original order of the run-once ops (see `replays_rng`)."""
 
     @property
     def is_op(self) -> bool:
         return self.kind is NodeKind.OP
 
     @property
+    def replays_rng(self) -> bool:
+        """A random op that may be recomputed: its first run draws, later runs replay."""
+        return self.random and bool(self.rng_state)
+
+    @property
     def compute_once(self) -> bool:
         """Values that must not be recomputed, whatever the solver."""
-        return self.random or self.mutates
+        return (self.random and not self.rng_state) or self.mutates
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,10 @@ class RematGraph:
                     raise ValueError(f"nodes are not in topological order at {node.name!r}")
             if not node.is_op and node.inputs:
                 raise ValueError(f"{node.kind.value} {node.name!r} cannot have inputs")
+            if node.rng_state and (not node.random or node.rng_state not in node.inputs
+                                   or not self.nodes[index[node.rng_state]].compute_once):
+                raise ValueError(f"{node.name!r} replays {node.rng_state!r}: it must be a random op "
+                                 "that reads that state, and the state a run-once value")
         for name in (*self.forward_outputs, *self.backward_outputs, *self.user_outputs):
             if name not in index:
                 raise ValueError(f"output {name!r} is not a node")
@@ -193,9 +207,9 @@ class RematGraph:
 
 
 def prune_dead(graph: RematGraph) -> RematGraph:
-    """Drop ops that no output depends on (whole groups; run-once ops are always kept)."""
+    """Drop ops that no output depends on (whole groups; run-once and random ops are always kept)."""
     needed = set(graph.forward_outputs) | set(graph.backward_outputs) | set(graph.user_outputs)
-    needed |= {n.name for n in graph.ops if n.compute_once}
+    needed |= {n.name for n in graph.ops if n.compute_once or n.random}  # random: the stream
     for node in reversed(graph.nodes):
         if node.name in needed:
             needed.update(node.inputs)

@@ -68,7 +68,8 @@ class Schedule:
 
         Siblings of a multi-output op are added where the op is computed (a solver may name
         any one of them). Computations nobody reads are dropped, except ops that must run
-        exactly once (random, mutating), whose removal would change the program.
+        exactly once (random, mutating), and the first forward run of a replayable random op
+        (it draws from the generator), whose removal would change the program.
         """
         fwd = _expand_groups(graph, forward)
         bwd = _expand_groups(graph, backward)
@@ -104,8 +105,10 @@ def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) ->
     resident = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
     needed: set[str] = set(graph.user_outputs) | set(graph.backward_outputs)
 
-    def walk(runs: list[tuple[str, ...]], first_runs: set[int], offset: int) -> list[list]:
-        # Returns per run: [run, frees_after_run]; processed in reverse.
+    def walk(runs: list[tuple[str, ...]], first_runs: set[int], offset: int,
+             drawing_runs: frozenset[int] = frozenset()) -> list[list]:
+        # Returns per run: [run, frees_after_run]; processed in reverse. ``drawing_runs``: the
+        # first forward run of each replayable random op, kept like a run-once op.
         kept: list[list] = []
         for index in reversed(range(len(runs))):
             run = runs[index]
@@ -114,7 +117,7 @@ def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) ->
             # step: a later run of its op makes a throwaway copy, never a new instance.
             members = [m for m in run if m not in pinned or index + offset in first_runs]
             live_later = [m for m in members if m in needed]
-            if not live_later and not first.compute_once:
+            if not live_later and not first.compute_once and index not in drawing_runs:
                 continue  # nobody reads this computation
             frees_after = [m for m in members if m not in needed and m not in pinned]
             for m in members:
@@ -145,7 +148,13 @@ def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) ->
         if name not in needed and name not in resident:
             boundary_frees.append(name)
             needed.add(name)
-    fwd_runs = walk(fwd_groups, first_runs, 0)
+    drawn: set[str] = set()
+    drawing_runs = set()
+    for index, run in enumerate(fwd_groups):
+        if graph[run[0]].replays_rng and run[0] not in drawn:
+            drawn.add(run[0])
+            drawing_runs.add(index)
+    fwd_runs = walk(fwd_groups, first_runs, 0, frozenset(drawing_runs))
     missing = sorted(needed - resident)
     if missing:
         raise ValueError(f"schedule reads values it never computes: {missing[:5]}")

@@ -7,6 +7,8 @@ Memory model (what the rewritten module does when it runs):
   while its inputs are still live; the unused outputs are dropped right after;
 - output gradients (tangents) arrive when backward starts;
 - a value stays live until its free step.
+Random ops run once, in order; one that replays a saved generator state (`Node.replays_rng`)
+may be recomputed, but its first run (the one that draws) is in forward, in that order.
 Every solver's schedule is simulated before it is used or reported.
 """
 
@@ -131,6 +133,11 @@ def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None
             if graph.position(step.node) < last_once:
                 fail(i, "random or mutating ops must keep their original order")
             last_once = graph.position(step.node)
+        elif node.replays_rng and not counts[step.node]:  # the run that draws from the stream
+            if phase is not Phase.FORWARD or graph.position(step.node) < last_once:
+                fail(i, "a replayable random op must first run in forward, in the original order "
+                        "of the random and mutating ops")
+            last_once = graph.position(step.node)
         for inp in node.inputs:
             if inp not in live:
                 fail(i, f"input {inp!r} is not live")
@@ -158,7 +165,8 @@ def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None
     missing = [o for o in (*graph.backward_outputs, *graph.user_outputs) if o not in live]
     if missing:
         raise InvalidScheduleError(f"backward ends without outputs {missing[:5]}")
-    never = [n.name for n in graph.ops if n.compute_once and counts[n.name] != 1]
+    never = [n.name for n in graph.ops if (n.compute_once and counts[n.name] != 1) or (n.replays_rng
+                                                                                  and not counts[n.name])]
     if never:
         raise InvalidScheduleError(f"random or mutating ops not run exactly once: {never[:5]}")
     return SimulationResult(
