@@ -80,6 +80,8 @@ def measure_step(
 
 def _step(module: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
     out = module(*inputs, **kwargs)
+    if hasattr(out, "to_tuple"):  # a Hugging Face ModelOutput: the loss comes first
+        out = out.to_tuple()
     loss = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError("the module's (first) output must be a scalar loss tensor to measure a step")

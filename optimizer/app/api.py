@@ -6,8 +6,9 @@ import dataclasses
 
 import torch
 
+from frontends.capture import CapturedStep, capture
 from frontends.costed_capture import capture_with_costs
-from frontends.remat_module import RematModule
+from frontends.remat_module import RematModule, ShapePolicy
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes
 from optimizer.ir.plan import Plan
@@ -30,6 +31,8 @@ def optimize(
     milp_engine: str = "auto",
     grad_outputs: str = "losses",
     python_side_effects: str = "error",
+    static: bool = False,
+    on_larger: str = "error",
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -51,12 +54,31 @@ def optimize(
     graph cannot replay (Python or numpy random draws, attributes it changes, module hooks,
     tensor hooks registered in forward, reseeding; README "What the graph runtime preserves");
     ``"ignore"`` plans it with the values of capture time.
+
+    Input sizes (README "Input sizes"): the module runs inputs of any size up to the planned
+    one in every dimension (a smaller last batch, a shorter sequence) with the planned schedule,
+    captured again once per new size and simulated there, so the peak never exceeds the planned
+    one. A larger input raises `frontends.remat_module.InputMismatchError` naming the planned
+    sizes (``on_larger="error"``) or is planned afresh at ``budget`` (``"replan"``); the last 8
+    sizes are kept. ``static=True`` runs the planned sizes only.
     """
     example_inputs = _as_tuple(example_inputs)
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
+    ShapePolicy(on_larger=on_larger)  # a bad on_larger fails before the (slow) capture
     captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
                                        options, cost_model, allocator, grad_outputs, python_side_effects)
-    return RematModule(model, captured, plan, example_inputs, example_kwargs)
+
+    def recapture(args: tuple, kwargs: dict) -> CapturedStep:
+        return capture(model, args, kwargs, cost_model=captured.cost_model, grad_outputs=grad_outputs,
+                       python_side_effects=python_side_effects)
+
+    def replan(larger: CapturedStep) -> Plan:
+        return plan_graph(larger.graph, budget, solver, options,
+                          graph_nodes=len(larger.gm.graph.nodes), allocator=allocator)
+
+    shapes = ShapePolicy(static=static, on_larger=on_larger, recapture=None if static else recapture,
+                         replan=replan)
+    return RematModule(model, captured, plan, example_inputs, example_kwargs, shapes)
 
 
 def _as_tuple(example_inputs) -> tuple:

@@ -12,6 +12,7 @@ from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import resolve_budget
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.plan import BudgetBreakdown, ModuleSummary, Plan
+from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
@@ -56,8 +57,29 @@ def plan_graph(
             f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
             f"for a budget of {budget_bytes}: this is a bug in the solver"
         )
+    return _plan(graph, budget_bytes, solver, result.status.value, store_all, sim, result.schedule,
+                 allocator, graph_nodes, bound=result.bound, gap=result.gap,
+                 solve_time_s=result.solve_time_s, message=result.message)
+
+
+def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
+                      allocator: AllocatorModel | None = None, message: str = "") -> Plan:
+    """The plan ``like``'s schedule makes on ``graph``: the same step at other input sizes
+    (see `frontends.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
+    allocator = allocator or AllocatorModel(block_bytes=1)
+    graph = allocator.apply(graph)
+    store_all = simulate(graph, store_all_schedule(graph))
+    schedule = Schedule.from_computes(graph, schedule.computes("forward"), schedule.computes("backward"))
+    sim = simulate(graph, schedule)
+    return _plan(graph, budget_bytes, like.solver, like.status, store_all, sim, schedule, allocator,
+                 like.graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message)
+
+
+def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_all: SimulationResult,
+          sim: SimulationResult, schedule: Schedule, allocator: AllocatorModel, graph_nodes: int, *,
+          bound: float | None, gap: float | None, solve_time_s: float, message: str) -> Plan:
     return Plan(
-        status=result.status.value,
+        status=status,
         solver=solver,
         cost_model=graph.cost_model,
         budget_bytes=budget_bytes,
@@ -68,18 +90,18 @@ def plan_graph(
         step_flops=graph.base_flops,
         step_time_s=graph.base_cost,
         objective=sim.total_cost,
-        bound=result.bound,
-        gap=result.gap,
-        solve_time_s=result.solve_time_s,
+        bound=bound,
+        gap=gap,
+        solve_time_s=solve_time_s,
         breakdown=breakdown(graph, budget_bytes),
         graph_nodes=graph_nodes or len(graph.nodes),
         graph_values=len(graph.ops),
         saved=sim.saved,
         recomputed=sim.recomputed,
         modules=module_summaries(graph, sim, store_all),
-        message=result.message,
+        message=message,
         allocator=allocator.describe(),
-        schedule=result.schedule,
+        schedule=schedule,
     )
 
 
