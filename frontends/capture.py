@@ -45,6 +45,7 @@ from frontends.hf_training import (
 )
 from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, state_device_bytes
 from frontends.sharding import check_no_sharded_submodules
+from frontends.symbolic_sizes import SymbolSizes, UnplannableSize
 from frontends.user_code import is_user_file
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 
@@ -238,11 +239,11 @@ def _constant_value(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tens
     return attr if isinstance(attr, torch.Tensor) else None
 
 
-def _storage_nbytes(t: torch.Tensor) -> int:
-    return int(t.untyped_storage().nbytes())
+def _storage_nbytes(t: torch.Tensor, sizes: SymbolSizes | None = None) -> int:
+    return (sizes or SymbolSizes()).storage_bytes(t)
 
 
-def _op_output_nbytes(node: torch.fx.Node, val: torch.Tensor) -> int:
+def _op_output_nbytes(node: torch.fx.Node, val: torch.Tensor, sizes: SymbolSizes) -> int:
     """Storage bytes the real kernel allocates for ``val``, where it differs from the fake.
 
     CPU ``mse_loss`` with a reduction returns its scalar inside the full elementwise buffer
@@ -251,8 +252,8 @@ def _op_output_nbytes(node: torch.fx.Node, val: torch.Tensor) -> int:
     if (node.target is torch.ops.aten.mse_loss.default and val.device.type == "cpu"
             and val.dim() == 0 and isinstance(node.args[0], torch.fx.Node)):
         inp = node.args[0].meta["val"]
-        return max(_storage_nbytes(val), inp.numel() * val.element_size())
-    return _storage_nbytes(val)
+        return max(_storage_nbytes(val, sizes), sizes.numel(inp) * val.element_size())
+    return _storage_nbytes(val, sizes)
 
 
 def _module_path(node: torch.fx.Node) -> str:
@@ -271,9 +272,13 @@ def _is_backward(node: torch.fx.Node, backward_nodes: set[str]) -> bool:
 
 
 def build_remat_graph(
-    gm: torch.fx.GraphModule, cost_model: CostModel = FLOPS_MODEL, name: str = "graph"
+    gm: torch.fx.GraphModule, cost_model: CostModel = FLOPS_MODEL, name: str = "graph",
+    sizes: SymbolSizes | None = None,
 ) -> tuple[RematGraph, dict[str, str], int]:
-    """The IR of a joint graph: values, their storage bytes, phases, costs and flags."""
+    """The IR of a joint graph: values, their storage bytes, phases, costs and flags. A graph
+    with symbolic sizes (torch.compile's dynamic shapes) is measured at ``sizes`` (default: each
+    symbol's hint); a data-dependent size with no hint raises `CaptureError`."""
+    sizes = sizes or SymbolSizes()
     root_of_storage: dict[StorageWeakRef, str] = {}
     value_of: dict[str, str] = {}
     nodes: list[Node] = []
@@ -295,13 +300,15 @@ def build_remat_graph(
         val = fx_node.meta.get("val") if val is None else val
         if not isinstance(val, torch.Tensor):
             return False
-        if not all(isinstance(d, int) for d in val.shape):
+        try:
+            sizes.shape(val)
+        except UnplannableSize:
             where = fx_node.meta.get("stack_trace", "").strip().splitlines()[-2:]
             raise CaptureError(
                 f"data-dependent shape {tuple(val.shape)} at {fx_node.format_node()} "
-                f"({' '.join(w.strip() for w in where)}): remat-opt plans static shapes; "
+                f"({' '.join(w.strip() for w in where)}): remat-opt cannot plan a size no call gave; "
                 "move that computation outside the module"
-            )
+            ) from None
         key = StorageWeakRef(val.untyped_storage())
         if key in root_of_storage:
             value_of[fx_node.name] = root_of_storage[key]
@@ -316,7 +323,8 @@ def build_remat_graph(
             if claim(node):
                 kind = _placeholder_kind(node)
                 phase = Phase.BACKWARD if kind is NodeKind.TANGENT else Phase.FORWARD
-                nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"]), op="placeholder"))
+                nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"], sizes),
+                                  op="placeholder"))
                 if kind is NodeKind.TANGENT:
                     backward_nodes.add(node.name)
             continue
@@ -324,7 +332,7 @@ def build_remat_graph(
             constant = _constant_value(gm, node)
             if constant is not None and claim(node, constant):
                 constants.append(Node(node.name, NodeKind.PARAMETER, Phase.FORWARD,
-                                      _storage_nbytes(constant), op="get_attr"))
+                                      _storage_nbytes(constant, sizes), op="get_attr"))
             continue
         if node.op != "call_function" or node.target is operator.getitem:
             continue
@@ -355,13 +363,13 @@ def build_remat_graph(
             value_of.get(a.name) in mutated for a in reads
         ):
             mutates = True  # would read the buffer after forward updated it
-        flops = op_flops(node)
-        seconds = cost_model.seconds(flops, op_bytes_moved(node))
+        flops = op_flops(node, sizes)
+        seconds = cost_model.seconds(flops, op_bytes_moved(node, sizes))
         used = {id(o.meta["val"]) for o in fresh}
         unused = [t for t in tree_flatten(node.meta.get("val"))[0]
                   if isinstance(t, torch.Tensor) and id(t) not in used
                   and StorageWeakRef(t.untyped_storage()) not in root_of_storage]
-        temp = sum(_storage_nbytes(t) for t in unused)
+        temp = sum(_storage_nbytes(t, sizes) for t in unused)
         ins = inputs_of(node)
         replays = value_of.get(node.meta.get(RNG_STATE_META, ""), "")  # see frontends.rng_replay
         if replays:
@@ -369,7 +377,8 @@ def build_remat_graph(
         for k, out in enumerate(fresh):
             nodes.append(Node(
                 name=out.name, kind=NodeKind.OP, phase=phase,
-                bytes=state_device_bytes(node) if target is RNG_STATE_OP else _op_output_nbytes(node, out.meta["val"]),
+                bytes=(state_device_bytes(node) if target is RNG_STATE_OP
+                       else _op_output_nbytes(node, out.meta["val"], sizes)),
                 inputs=ins, group=node.name, rng_state=replays,
                 cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
                 temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,

@@ -49,6 +49,7 @@ from frontends.inductor_memory import (
 )
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
+from frontends.symbolic_sizes import SymbolSizes
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes, resolve_budget
 from optimizer.ir.graph import RematGraph
@@ -142,6 +143,8 @@ class RematBackend:
         self.meter = CompiledStepMeter()
         """Measures the compiled forward/backward's live bytes (eager compiler; see the module)."""
         self._frames: list[int] = []
+        self._frame_shapes: dict[str, list[tuple[int, ...]]] = {}
+        """Dynamo frame -> the input shapes its last graph was planned at (see `_at_least`)."""
         self.__name__ = f"remat_backend_{compiler}"
 
     # -------------------------------------------------------------- dynamo entry
@@ -215,16 +218,19 @@ class RematBackend:
                    static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
         untie_batch_norm_backward(joint_module)  # as capture() does: see there
+        compile_id = self._note_frame()
+        frame = compile_id.split("/")[0]
+        inputs = _tensor_inputs(joint_module)
+        sizes = SymbolSizes(_at_least(inputs, self._frame_shapes.get(frame)))
         try:
-            graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}")
+            graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}", sizes)
         except CaptureError as err:
             raise CaptureError(f"{err} (with torch.compile: pass dynamic=False)") from None
         if n_fwd != num_fwd_outputs:
             raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
                                f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
+        self._frame_shapes[frame] = [sizes.shape(t) for t in inputs]  # what a recompile must cover
         graph = mark_parameters(graph, joint_module, static_lifetime_input_indices or [])
-        compile_id = self._note_frame()
-        frame = compile_id.split("/")[0]
         self.plans = [p for p in self.plans if p.compile_id.split("/")[0] != frame]  # a recompile
         budget = self.budget if self.percent else graph_budget(self.budget, [p.footprint for p in self.plans])
         if not self.percent and budget <= 0:
@@ -302,6 +308,28 @@ def find_graph_breaks(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Grap
         reasons.append(f"{str(reason.reason).strip().splitlines()[0]}{where}")
     return GraphBreakReport(graphs=explained.graph_count, graph_breaks=explained.graph_break_count,
                             reasons=tuple(reasons))
+
+
+def _tensor_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The joint graph's tensor placeholders' values, in order (sizes are separate placeholders)."""
+    return [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")
+            if isinstance(n.meta.get("val"), torch.Tensor)]
+
+
+def _at_least(inputs: list[torch.Tensor], planned: list[tuple[int, ...]] | None) -> dict:
+    """Sizes a recompile with symbolic dimensions must be planned for: dynamo recompiles a frame
+    with symbols at the *second* size it sees, so each symbol is planned at no less than what
+    the frame's earlier graph was planned at in that place (the first, often larger, size)."""
+    if not planned or len(planned) != len(inputs):
+        return {}
+    at_least: dict = {}
+    for t, shape in zip(inputs, planned):
+        if len(shape) != t.dim():
+            return {}
+        for dim, size in zip(t.shape, shape):
+            if isinstance(dim, torch.SymInt) and len(dim.node.expr.free_symbols) == 1 and dim.node.expr.is_symbol:
+                at_least[dim.node.expr] = max(size, at_least.get(dim.node.expr, 0))
+    return at_least
 
 
 def _partitioner_base():

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from frontends.devices import DEVICES, get_device
+from frontends.symbolic_sizes import SymbolSizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,23 +106,28 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return counts.most_common(1)[0][0] if counts else torch.float32
 
 
-def op_flops(node: torch.fx.Node) -> float:
-    """FLOPs of one aten op from torch.utils.flop_counter's registry (0 for ops it omits)."""
+def op_flops(node: torch.fx.Node, sizes: SymbolSizes | None = None) -> float:
+    """FLOPs of one aten op from torch.utils.flop_counter's registry (0 for ops it omits);
+    symbolic sizes are evaluated at ``sizes`` (see `frontends.symbolic_sizes`)."""
     target = getattr(node.target, "overloadpacket", None)
     formula = flop_registry.get(target)
     if formula is None:
         return 0.0
-    args, kwargs = _vals(node.args), _vals(node.kwargs)
+    sizes = sizes or SymbolSizes()
+    args, kwargs = _vals(node.args, sizes), _vals(node.kwargs, sizes)
+    out_val = torch.fx.node.map_aggregate(node.meta.get("val"), sizes.concrete)
     try:
-        return float(formula(*args, **kwargs, out_val=node.meta.get("val")))
+        return float(formula(*args, **kwargs, out_val=out_val))
     except Exception:  # a formula that cannot read these shapes: cost by bytes only
         return 0.0
 
 
-def op_bytes_moved(node: torch.fx.Node) -> int:
+def op_bytes_moved(node: torch.fx.Node, sizes: SymbolSizes | None = None) -> int:
     """Bytes the op reads (its tensor inputs) plus the bytes it writes (its outputs)."""
-    inputs = [v for v in tree_flatten((_vals(node.args), _vals(node.kwargs)))[0] if isinstance(v, torch.Tensor)]
-    outputs = [v for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    sizes = sizes or SymbolSizes()
+    inputs = [v for v in tree_flatten((_vals(node.args, sizes), _vals(node.kwargs, sizes)))[0]
+              if isinstance(v, torch.Tensor)]
+    outputs = [sizes.concrete(v) for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
     return sum(_tensor_bytes(t) for t in inputs + outputs)
 
 
@@ -129,8 +135,8 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _vals(tree):
-    """Replace fx nodes in args by their FakeTensor values."""
+def _vals(tree, sizes: SymbolSizes):
+    """Replace fx nodes in args by their FakeTensor values (concrete where sizes are symbolic)."""
     def value(a):
-        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        return sizes.concrete(a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     return torch.fx.node.map_aggregate(tree, value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch._functorch.partitioners import _extract_fwd_bwd_modules
+from torch._functorch.partitioners import _extract_fwd_bwd_modules, is_sym_node
 
 from frontends.capture import CapturedStep
 from frontends.rng_replay import RNG_STATE_META, replay, state_device
@@ -77,8 +77,9 @@ def partition_by_schedule(captured: CapturedStep, schedule: Schedule):
             )
         joint = build_scheduled_joint(captured, schedule)
         saved = [n for n in joint.module.graph.nodes if n.name in set(joint.saved)]
-        fw, bw = _extract_fwd_bwd_modules(
-            joint.module, saved, [], num_fwd_outputs=num_fwd_outputs
+        fw, bw = _extract_fwd_bwd_modules(  # sizes (dynamic shapes) are saved as SymInts, apart
+            joint.module, [n for n in saved if not is_sym_node(n)], [n for n in saved if is_sym_node(n)],
+            num_fwd_outputs=num_fwd_outputs,
         )
         return fw, bw
 
