@@ -149,12 +149,14 @@ def test_state_dict_round_trip():
     assert max_relative_error(grads, ref_grads) <= 1e-10
 
 
-def test_changed_input_shape_is_a_clear_error():
+def test_changed_input_dtype_or_a_static_plan_is_a_clear_error():
     model, inputs, rm = _plan("mlp", MLP_BUDGET)
-    with pytest.raises(InputMismatchError, match="call optimize"):
-        rm(inputs[0][:5], inputs[1][:5])
+    rm(inputs[0][:5], inputs[1][:5]).backward()  # a smaller batch runs the planned schedule
     with pytest.raises(InputMismatchError, match="call optimize"):
         rm(inputs[0].float(), inputs[1].float())
+    static = optimize(clone(model), inputs, MLP_BUDGET, solver="greedy", static=True)
+    with pytest.raises(InputMismatchError, match="call optimize"):
+        static(inputs[0][:5], inputs[1][:5])
 
 
 def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:

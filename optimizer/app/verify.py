@@ -151,7 +151,7 @@ def verify(model: torch.nn.Module, inputs: tuple, budget, *, solver: str = "milp
     """Plan a float64 copy of ``model`` for ``budget`` and compare two consecutive steps with
     plain autograd's (the first one's gradients and peak memory in detail).
 
-    Random ops draw the same numbers in both runs (same seed, random ops never recomputed).
+    Random ops draw the same numbers in both runs (same seed; a recomputation replays its state).
     ``python_side_effects`` is passed to `optimize`: with ``"ignore"`` what capture froze is
     planned, and shows up here as a second step or a model state that differs.
     """
