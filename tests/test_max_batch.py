@@ -8,8 +8,9 @@ from torch import nn
 
 from frontends.capture import capture
 from frontends.meta_capture import MetaCapturer, infer_batch, inputs_at_batch, meta_copy
+from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.simulator import simulate
-from optimizer.planning.batch_search import BatchFit, find_max_batches, search_max_batch
+from optimizer.planning.batch_search import BatchFit, cheap_fit, find_max_batches, search_max_batch
 from optimizer.planning.sweep import SweepPoint, run_sweep
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
@@ -138,3 +139,27 @@ def test_samples_per_s_counts_the_recomputation():
     point = SweepPoint("chen", "ok", peak_bytes=10, extra_time_s=0.5)
     assert BatchFit("chen", 10, False, point, 1.5, ()).samples_per_s == pytest.approx(5.0)
     assert BatchFit("chen", 0, False, None, None, ()).samples_per_s is None
+
+
+def test_bounds_answer_the_same_max_batch_with_fewer_solves():
+    model, inputs = tiny()
+    capturer = MetaCapturer(model, inputs)
+    budget = 4 * store_all_peak(capturer.at(8))
+    options = SolverOptions(time_limit_s=10)
+    solves = {"slow": 0, "fast": 0}
+
+    def counted(kind):
+        def run(step, strategy, budget_bytes):
+            solves[kind] += 1
+            return evaluate(step, strategy, budget_bytes)
+        return run
+
+    def decide(step, strategy, budget_bytes):
+        return cheap_fit(step.graph, budget_bytes, AllocatorModel(block_bytes=1), strategy == "remat-opt", options)
+
+    strategies = ("remat-opt", "chen-greedy", "greedy")
+    slow = find_max_batches(capturer, budget, strategies, counted("slow"))
+    fast = find_max_batches(capturer, budget, strategies, counted("fast"), decide=decide)
+    assert [f.max_batch for f in fast.fits] == [f.max_batch for f in slow.fits]
+    assert all(f.point is not None and f.point.peak_bytes <= budget for f in fast.fits)
+    assert solves["fast"] < solves["slow"]

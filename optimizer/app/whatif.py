@@ -21,8 +21,14 @@ from optimizer.app.report import GraphFacts, WhatIfReport, WhatIfSettings
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import resolve_budget
 from optimizer.ir.timeline import memory_timeline
-from optimizer.planning.batch_search import DEFAULT_LIMIT, StrategyUnavailable, WhatIfError, find_max_batches
-from optimizer.planning.planner import store_all_peak_bytes
+from optimizer.planning.batch_search import (
+    DEFAULT_LIMIT,
+    StrategyUnavailable,
+    WhatIfError,
+    cheap_fit,
+    find_max_batches,
+)
+from optimizer.planning.planner import SEARCHING_SOLVERS, store_all_peak_bytes
 from optimizer.planning.sweep import (
     ALL_STRATEGIES,
     REMAT_OPT,
@@ -59,6 +65,8 @@ class WhatIfRequest:
     batch_limit: int = DEFAULT_LIMIT
     torch_fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     plots: bool = True
+    bounds: bool = True
+    """Answer largest-batch probes from cheap bounds where they settle them (`cheap_fit`)."""
 
 
 def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | None = None) -> WhatIfReport:
@@ -111,8 +119,15 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                 raise StrategyUnavailable(unusable[0].message)
             return result.best_at(strategy, budget)
 
+        def decide(step, strategy: str, budget: int):
+            if strategy == TORCH_STRATEGY:
+                return None
+            searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
+            return cheap_fit(step.graph, budget, allocator, searching, request.options)
+
         max_batch = find_max_batches(capturer, budget_bytes, request.strategies, evaluate,
-                                     limit=request.batch_limit, progress=tick)
+                                     limit=request.batch_limit, progress=tick,
+                                     decide=decide if request.bounds else None)
     report = WhatIfReport(settings, facts, sweep, max_batch, timelines)
     return replace(report, plots=_plots(report)) if request.plots else report
 

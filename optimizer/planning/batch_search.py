@@ -18,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from optimizer.ir.allocator import AllocatorModel
+from optimizer.ir.graph import RematGraph
+from optimizer.ir.simulator import simulate
 from optimizer.planning.sweep import SweepPoint
+from solvers import get_solver
+from solvers.base import SolverOptions
+from solvers.checkmate.contract import classic_schedules
+from solvers.checkmate.min_budget import peak_lower_bound
 
 DEFAULT_LIMIT = 1 << 20
 """Largest batch the search tries: a model whose peak does not grow with the batch stops here."""
@@ -145,12 +152,16 @@ def find_max_batches(
     *,
     limit: int = DEFAULT_LIMIT,
     progress: Callable[[str], None] | None = None,
+    decide: Callable[[Any, str, int], bool | None] | None = None,
 ) -> MaxBatchResult:
     """For each strategy, the largest batch whose plan fits ``budget_bytes``.
 
     ``evaluate(captured, strategy, budget_bytes)`` returns the strategy's cheapest simulated plan
     within the budget, or None when it has none (see `optimizer.planning.sweep.run_sweep` and
     `SweepResult.best_at`); it raises `StrategyUnavailable` when the strategy cannot run at all.
+    ``decide(captured, strategy, budget_bytes)`` answers a probe without solving where a cheap
+    bound settles it (`cheap_fit`), or returns None; the plan at the answer is always solved, and
+    a strategy whose solved plan there does not fit is searched again without shortcuts.
     """
     if capturer.batch_dim is None:
         raise WhatIfError("no batch dimension: the inputs have no tensor to grow; give --batch-dim")
@@ -159,13 +170,21 @@ def find_max_batches(
     for strategy in strategies:
         plans: dict[int, SweepPoint | None] = {}
 
-        def fits(batch: int) -> bool:
+        def fits(batch: int, shortcuts: bool = True) -> bool:
+            quick = decide(capturer.at(batch), strategy, budget_bytes) if decide and shortcuts else None
+            if quick is not None:
+                return quick
             plans[batch] = evaluate(capturer.at(batch), strategy, budget_bytes)
             tick(f"{strategy} at batch {batch}")
             return plans[batch] is not None
 
         try:
             best, capped, probes = search_max_batch(fits, limit, start=capturer.base_batch)
+            if best and best not in plans:  # decided by a bound: the plan there is still solved
+                if not fits(best, shortcuts=False):
+                    plans.clear()
+                    best, capped, probes = search_max_batch(lambda b: fits(b, shortcuts=False), limit,
+                                                            start=capturer.base_batch)
         except StrategyUnavailable as err:
             results.append(BatchFit(strategy, 0, False, None, None, (), f"not applicable: {err}",
                                     applicable=False))
@@ -178,3 +197,28 @@ def find_max_batches(
         results.append(BatchFit(strategy, best, capped, point, step, probes, message))
     return MaxBatchResult(budget_bytes, capturer.batch_dim, capturer.base_batch, limit, tuple(results),
                           capturer.captures)
+
+
+def cheap_fit(graph: RematGraph, budget_bytes: int, allocator: AllocatorModel, searching: bool,
+              options: SolverOptions) -> bool | None:
+    """Whether a plan of ``graph`` fits ``budget_bytes``, when a cheap bound settles it; else None.
+
+    False when the lower bound on every schedule's peak (`peak_lower_bound`) is above the budget:
+    no strategy fits. True, for a ``searching`` solver (`SEARCHING_SOLVERS`: it returns a fitting
+    plan whenever any schedule it tries fits), when store-all, recompute-all or the greedy
+    saved-set schedule fits: it tries all three. Exact implications, so the search's answer is the
+    one full solves would give; only the solves in between are spent.
+    """
+    checked = allocator.apply(graph)
+    room = allocator.solver_budget(budget_bytes)
+    if peak_lower_bound(checked) > room:
+        return False
+    if not searching:
+        return None
+    if min(c.peak for c in classic_schedules(checked)) <= room:
+        return True
+    try:
+        greedy = get_solver("greedy")(checked, room, options)
+    except ValueError:  # InfeasibleBudgetError: greedy found nothing under the budget
+        return None
+    return True if greedy.schedule is not None and simulate(checked, greedy.schedule).peak_bytes <= room else None
