@@ -9,6 +9,7 @@ Public API (imported lazily so that ``optimizer.ir.graph`` and the simulator sta
 
     torch.compile(model, backend=remat_backend(budget="60%"))   # plans every compiled graph
     plan_for_rank(graph, "40GB", DataParallelConfig(world_size=8, strategy="fsdp"))
+    plan = apply_checkpointing(model, example_inputs, budget="60%")  # torch.utils.checkpoint, in place
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ __all__ = [
     "optimize", "plan_only", "Plan", "BudgetBreakdown", "parse_bytes", "format_bytes",
     "RematGraph", "Schedule", "simulate", "InfeasibleBudgetError", "SolverOptions",
     "SolveStatus", "RematModule", "remat_backend", "find_graph_breaks", "DataParallelConfig",
-    "plan_for_rank", "rank_breakdown",
+    "plan_for_rank", "rank_breakdown", "apply_checkpointing", "remove_checkpointing",
+    "load_checkpointing", "save_checkpointing_plan", "CheckpointPlan",
 ]
 
 _EXPORTS = {
@@ -35,6 +37,11 @@ _EXPORTS = {
     "DataParallelConfig": "optimizer.planning.distributed_budget",
     "plan_for_rank": "optimizer.planning.distributed_budget",
     "rank_breakdown": "optimizer.planning.distributed_budget",
+    "apply_checkpointing": "frontends.eager_runtime",
+    "remove_checkpointing": "frontends.eager_checkpoint",
+    "load_checkpointing": "frontends.eager_checkpoint",
+    "save_checkpointing_plan": "frontends.eager_checkpoint",
+    "CheckpointPlan": "frontends.eager_checkpoint",
 }
 
 

@@ -1,5 +1,9 @@
 """``remat-opt MODEL.py --budget 16GB``: plan a model file's training step and report it.
 
+``remat-opt MODEL.py --budget B --runtime eager --emit plan.json`` plans torch.utils.checkpoint
+regions for the model itself instead (`frontends.eager_runtime`); ``load_checkpointing(model,
+"plan.json")`` applies the file.
+
 ``remat-opt verify MODEL.py --budget B`` runs the plan and plain autograd in float64 and
 compares gradients and peak memory, then two consecutive steps and the model state after them.
 
@@ -102,6 +106,13 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")
     parser.add_argument("--json", metavar="FILE", help="write the plan as JSON (same field names as Plan)")
+    parser.add_argument("--runtime", choices=("graph", "eager"), default="graph",
+                        help="graph (default): run the plan as rewritten graphs (optimize); eager: "
+                             "plan torch.utils.checkpoint regions with selective-checkpoint policies "
+                             "for the model itself (apply_checkpointing)")
+    parser.add_argument("--emit", metavar="FILE",
+                        help="with --runtime eager: write the checkpointing plan for "
+                             "load_checkpointing(model, FILE)")
     parser.add_argument("--save-graphs", metavar="DIR",
                         help="write the generated forward.py and backward.py into DIR")
     parser.add_argument("--verbose", action="store_true", help="show the solver's own log")
@@ -242,6 +253,10 @@ def run(args: argparse.Namespace) -> str:
         return _run_meta(args, model, inputs, budget, cost_model, allocator)
     if args.world_size is not None or args.strategy is not None:
         return _run_for_rank(args, model, inputs, budget, cost_model, allocator)
+    if args.runtime == "eager":
+        return _run_eager(args, model, inputs, budget, cost_model)
+    if args.emit:
+        raise CliError("--emit writes an eager checkpointing plan: add --runtime eager", EXIT_USAGE)
     with _planning_errors(budget):
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
@@ -265,6 +280,39 @@ def run(args: argparse.Namespace) -> str:
         report += (f"\n  measured           peak {format_bytes(measured.peak_bytes)}"
                    f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
                    f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
+    return report
+
+
+def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model) -> str:
+    """--runtime eager: plan checkpoint regions for the model itself; --emit writes the plan."""
+    from frontends.eager_runtime import apply_checkpointing, describe  # heavy: torch, not imported for --help
+
+    for flag, given in (("--save-graphs", args.save_graphs), ("--device", args.device)):
+        if given:
+            raise CliError(f"{flag} is for the graph runtime: drop it with --runtime eager", EXIT_USAGE)
+    if args.solver != "auto":
+        raise CliError("--runtime eager plans with its own solver: drop --solver", EXIT_USAGE)
+    if args.emit:
+        _check_writable(args.emit)
+    with _planning_errors(budget):
+        plan = apply_checkpointing(model, inputs, budget=budget, time_limit=args.time_limit,
+                                   cost_model=cost_model or "flops", grad_outputs=args.grad_outputs,
+                                   python_side_effects=args.python_side_effects)
+    report = f"{args.model}\n" + describe(plan)
+    if args.measure:
+        from frontends.measure import measure_step  # heavy: torch, not imported for --help or a usage error
+
+        measured = measure_step(model, inputs)
+        report += (f"\nmeasured peak {format_bytes(measured.peak_bytes)}"
+                   f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
+                   f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
+    if args.emit:
+        plan.save(args.emit)
+        report += f"\nplan written to {args.emit} (apply it with load_checkpointing(model, path))"
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"generated_by": "remat-opt", "model": args.model, **plan.to_json()}, fh, indent=2,
+                      default=float)
     return report
 
 

@@ -1,0 +1,237 @@
+"""Which aten ops eager PyTorch runs in each module, and how they line up with the captured graph.
+
+Why: the eager runtime's selective-checkpoint policy sees dispatcher-level aten ops (what a
+`TorchDispatchMode` sees below autograd) while the plan is made on the captured joint graph
+(functionalized aten). Most ops are the same overloads in the same order, some are not (on CPU,
+eager dropout is ``empty_like``, ``bernoulli_``, ``div_``, ``mul`` where the graph has one
+``native_dropout``). A policy names an op by (overload, index of its call within the region),
+exactly as `torch.utils.checkpoint` counts them; a graph value is *mappable* in a region when its
+overload is called as often in eager as in the graph there, so the i-th call is the i-th value.
+Unmappable values are simply recomputed (checkpoint keeps gradients right whatever the policy
+says), and the planner knows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from frontends.capture import CapturedStep
+from frontends.costed_capture import capture_with_costs
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.planning.eager_plan import RegionCandidate, within
+
+
+def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
+                      cost_model: str = "flops", grad_outputs: str = "losses",
+                      python_side_effects: str | None = None) -> CapturedStep:
+    """`frontends.costed_capture.capture_with_costs`, without the graph runtime's RNG-state
+    values: eager checkpoint replays the generator itself, so they have no eager counterpart."""
+    return capture_with_costs(model, tuple(args), kwargs, cost_model, grad_outputs, python_side_effects,
+                              replay_random=False)
+
+
+@dataclass(frozen=True)
+class EagerTrace:
+    """Forward aten ops of one eager call of the model, with the module stack of each."""
+
+    ops: tuple[tuple[str, tuple[str, ...]], ...]
+    """(overload name, paths of the modules running it, outermost first)."""
+    calls: dict[str, int]
+    """Module path -> times its forward ran."""
+    alive_at_return: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    """Module path -> (overload, call index within the module) of the outputs its forward still
+    held when its last op ran (Python locals, its return value); autograd's saved tensors aside."""
+
+    def region_ops(self, path: str) -> list[str]:
+        return [op for op, stack in self.ops if path in stack]
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each op with its module stack, and when each of its output storages dies (the
+    number of ops recorded by then; None while alive)."""
+
+    def __init__(self, stack: list[str], out: list, deaths: list) -> None:
+        super().__init__()
+        self.stack, self.out, self.deaths = stack, out, deaths
+        self.keep: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func not in SAC_IGNORED_OPS:
+            self.out.append((str(func), tuple(self.stack)))
+            inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)}
+            slots = []
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" \
+                        and id(t.untyped_storage()) not in inputs:
+                    slot = [None]
+                    self.keep.append(weakref.ref(t.untyped_storage(), partial(self._died, slot)))
+                    slots.append(slot)
+            self.deaths.append(slots)
+        return result
+
+    def _died(self, slot: list, _ref: object) -> None:
+        slot[0] = len(self.out)
+
+
+def _not_kept(_tensor: torch.Tensor) -> None:
+    return None
+
+
+def _never_unpacked(_packed: None) -> torch.Tensor:
+    raise RuntimeError("remat-opt's eager trace runs no backward")
+
+
+def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> EagerTrace:
+    """Run one forward (grad enabled, as training does) and record its ops per module.
+
+    The model is left as found: RNG states are forked, buffers (BatchNorm statistics) restored."""
+    paths = {id(m): p for p, m in model.named_modules()}
+    stack: list[str] = []
+    calls: Counter[str] = Counter()
+    ops: list = []
+
+    def pre(module, _args):
+        path = paths.get(id(module))
+        if path is not None:
+            stack.append(path)
+            calls[path] += 1
+
+    def post(module, _args, _out):
+        if paths.get(id(module)) is not None and stack:
+            stack.pop()
+
+    deaths: list[list] = []
+    starts: list[int] = []
+    alive: dict[str, tuple[tuple[str, int], ...]] = {}
+
+    def pre_alive(module, _args):
+        if paths.get(id(module)) is not None:
+            starts.append(len(ops))
+
+    def post_alive(module, _args, _out):
+        path = paths.get(id(module))
+        if path is None or not starts:
+            return
+        begin, end = starts.pop(), len(ops)
+        counter: Counter[str] = Counter()
+        held = []
+        for (op, _stack), slots in zip(ops[begin:], deaths[begin:]):
+            if any(slot[0] is None or slot[0] >= end for slot in slots):
+                held.append((op, counter[op]))
+            counter[op] += 1
+        alive.setdefault(path, tuple(held))
+
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+               torch.nn.modules.module.register_module_forward_pre_hook(pre_alive),
+               torch.nn.modules.module.register_module_forward_hook(post_alive),
+               torch.nn.modules.module.register_module_forward_hook(post)]
+    try:
+        with torch.random.fork_rng(devices=_cuda_devices(model, args)), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked), \
+                _Recorder(stack, ops, deaths):
+            out = model(*args, **(kwargs or {}))
+        del out
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
+    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
+
+
+def _cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
+    """CUDA devices the step may draw random numbers on (their generators are forked too)."""
+    tensors = [*model.parameters(), *model.buffers(), *(a for a in tree_leaves(args) if isinstance(a, torch.Tensor))]
+    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+
+
+def eager_graph(graph: RematGraph, on_cpu: bool) -> RematGraph:
+    """The graph as eager runs it: on CPU, eager dropout keeps a mask of the input's dtype
+    (``bernoulli_`` into ``empty_like``), not the fused kernel's bool mask."""
+    if not on_cpu:
+        return graph
+    nodes = list(graph.nodes)
+    changed = False
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.op.startswith("aten.native_dropout") and len(members) == 2:
+            mask = graph.position(members[1])
+            if nodes[mask].bytes != first.bytes:
+                nodes[mask] = dataclasses.replace(nodes[mask], bytes=first.bytes)
+                changed = True
+    if not changed:
+        return graph
+    return RematGraph(tuple(nodes), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+def region_keys(graph: RematGraph, path: str) -> dict[str, tuple[str, int]]:
+    """First value of each forward op group in the region -> (overload, index among its calls)."""
+    counter: Counter[str] = Counter()
+    keys: dict[str, tuple[str, int]] = {}
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.phase is Phase.FORWARD and within(first.module, path):
+            keys[members[0]] = (first.op, counter[first.op])
+            counter[first.op] += 1
+    return keys
+
+
+def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> list[RegionCandidate]:
+    """Every submodule called once per step, with the graph values its policy can keep."""
+    region_ops: dict[str, list[str]] = defaultdict(list)
+    for op, stack in trace.ops:
+        for path in stack:
+            region_ops[path].append(op)
+    found: list[RegionCandidate] = []
+    for path, _module in root.named_modules():
+        if not path or trace.calls.get(path) != 1:
+            continue
+        keys = region_keys(graph, path)
+        if not keys:
+            continue
+        eager = Counter(region_ops.get(path, ()))
+        graph_counts = Counter(op for op, _ in keys.values())
+        mappable = frozenset(
+            m for first, (op, _) in keys.items() if eager[op] == graph_counts[op]
+            for m in graph.group_of(first))
+        found.append(RegionCandidate(path, mappable))
+    return found
+
+
+def mapping_summary(graph: RematGraph, trace: EagerTrace, path: str) -> tuple[int, int]:
+    """(graph op groups in the region, how many of them line up with eager calls)."""
+    keys = region_keys(graph, path)
+    eager = Counter(trace.region_ops(path))
+    graph_counts = Counter(op for op, _ in keys.values())
+    return len(keys), sum(1 for op, _ in keys.values() if eager[op] == graph_counts[op])
+
+
+def held_values(graph: RematGraph, trace: EagerTrace, found: list[RegionCandidate]) -> dict[str, tuple[str, ...]]:
+    """Module path -> the graph values its forward still holds when it returns (mappable ones),
+    for `optimizer.planning.eager_plan.with_holds`."""
+    holds: dict[str, tuple[str, ...]] = {}
+    for cand in found:
+        keys = {key: name for name, key in region_keys(graph, cand.path).items()}
+        held = []
+        for key in trace.alive_at_return.get(cand.path, ()):
+            name = keys.get(key)
+            if name is not None and name in cand.mappable:
+                held.extend(graph.group_of(name))
+        if held:
+            holds[cand.path] = tuple(dict.fromkeys(held))
+    return holds

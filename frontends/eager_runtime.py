@@ -1,0 +1,164 @@
+"""The eager runtime: remat-opt chooses, ``torch.utils.checkpoint`` runs it, on the user's model.
+
+Why: the graph runtime replaces the model's forward by captured graphs; many users want to keep
+their own ``nn.Module`` (its Python, hooks, ``torch.compile``, FSDP wrapping) and only be told
+where to checkpoint. `apply_checkpointing` captures the step once (for the plan only), plans the
+family `optimizer.planning.eager_plan` describes, and changes the model in place: each chosen
+submodule's forward runs under non-reentrant ``checkpoint(..., use_reentrant=False,
+context_fn=...)`` with a selective-checkpoint policy that returns MUST_SAVE for the ops the plan
+keeps and PREFER_RECOMPUTE for the rest. Ops are named as the policy sees them: (overload,
+index of its call within the region). Checkpoint keeps gradients (and dropout, by replaying the
+RNG) right whatever the policy says; a policy that does not line up with the model only moves
+memory, and the wrapper warns once when a region's op counts differ from the plan's.
+The wrappers, and plans as files, are in `frontends.eager_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import torch
+
+from frontends.eager_checkpoint import (
+    CheckpointPlan,
+    CheckpointPlanError,
+    RegionPolicy,
+    apply_regions,
+    checkpointed_modules,
+    describe,
+    load_checkpointing,
+    model_signature,
+    remove_checkpointing,
+    save_checkpointing_plan,
+)
+from frontends.eager_ops import (
+    EagerTrace,
+    candidates,
+    capture_for_eager,
+    eager_graph,
+    held_values,
+    region_keys,
+    trace_eager,
+)
+from frontends.hf_training import cache_off_for_training
+from optimizer.ir.budget import parse_bytes
+from optimizer.planning.eager_plan import (
+    EagerSolution,
+    fixed_choice_solution,
+    solution_plan,
+    solve_eager,
+    with_holds,
+)
+from optimizer.planning.planner import plan_graph
+from solvers.base import SolverOptions
+from solvers.blocks import find_blocks
+
+
+# --------------------------------------------------------------------------- planning
+def _policies(solution: EagerSolution, graph, trace: EagerTrace,
+              found: list) -> tuple[RegionPolicy, ...]:
+    mappable = {c.path: c.mappable for c in found}
+    regions = []
+    for choice in solution.choices:
+        keys = region_keys(graph, choice.path)
+        save: dict[str, list[int]] = {}
+        for name in choice.saved:
+            if name in keys and name in mappable[choice.path]:
+                op, index = keys[name]
+                save.setdefault(op, []).append(index)
+        regions.append(RegionPolicy(
+            path=choice.path, option=choice.option,
+            save=tuple((op, tuple(sorted(idx))) for op, idx in sorted(save.items())),
+            expected_ops=tuple(sorted(Counter(trace.region_ops(choice.path)).items())),
+            saving_bytes=choice.saving_bytes, extra_flops=choice.extra_flops))
+    return tuple(regions)
+
+
+def _on_cpu(model: torch.nn.Module, inputs: tuple) -> bool:
+    for t in [*model.parameters(), *inputs]:
+        if isinstance(t, torch.Tensor):
+            return t.device.type == "cpu"
+    return True
+
+
+def apply_checkpointing(
+    model: torch.nn.Module,
+    example_inputs: tuple = (),
+    example_kwargs: dict | None = None,
+    *,
+    budget: int | str,
+    solver: str = "auto",
+    time_limit: float = 60.0,
+    cost_model: str = "flops",
+    grad_outputs: str = "losses",
+    python_side_effects: str = "error",
+    compare: bool = True,
+) -> CheckpointPlan:
+    """Plan ``model``'s training step for ``budget`` and checkpoint it in place.
+
+    ``budget`` as in `optimizer.optimize` (bytes, ``"16GB"``, ``"60%"`` of plain autograd's
+    peak). ``solver`` is the eager planner (``auto``; the family is small enough to solve on its
+    Pareto front); ``compare`` also plans per-block checkpointing and the graph runtime at the
+    same budget, for the plan's summary. Returns a `CheckpointPlan` (``runtime == "eager"``).
+    Raises `InfeasibleBudgetError` (nothing applied) when no checkpointing plan fits.
+    """
+    if solver not in ("auto", "eager"):
+        raise ValueError(f"apply_checkpointing plans with solver='auto'; got {solver!r} (the graph "
+                         "runtime's solvers are for optimize())")
+    if not (isinstance(budget, str) and budget.strip().endswith("%")):
+        parse_bytes(budget)
+    if checkpointed_modules(model):
+        raise ValueError("the model is already checkpointed: call remove_checkpointing(model) first")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    captured = capture_for_eager(model, inputs, example_kwargs, cost_model, grad_outputs,
+                                 python_side_effects)
+    graph = eager_graph(captured.graph, _on_cpu(model, inputs))
+    with cache_off_for_training(model, dict(example_kwargs or {})) as cache_off:
+        trace = trace_eager(model, inputs, cache_off.kwargs)
+    found = candidates(graph, trace, model)
+    base_graph = graph
+    graph = with_holds(graph, held_values(graph, trace, found))
+    solution = solve_eager(graph, found, budget, time_limit_s=time_limit)
+    plan = solution_plan(solution, graph, graph_nodes=len(captured.gm.graph.nodes))
+    if captured.notes:
+        plan = dataclasses.replace(plan, message="; ".join((plan.message, *captured.notes)))
+    regions = _policies(solution, graph, trace, found)
+    summary: dict[str, Any] = {
+        "budget_bytes": plan.budget_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
+        "store_all_peak_bytes": plan.store_all_peak_bytes, "extra_flops": plan.extra_flops,
+        "extra_time_s": plan.extra_time_s, "step_flops": plan.step_flops,
+        "status": plan.status, "bound": plan.bound, "gap": plan.gap}
+    if compare:
+        summary.update(_comparisons(graph, base_graph, found, plan.budget_bytes, time_limit))
+    apply_regions(model, regions)
+    return CheckpointPlan(regions=regions, model_signature=model_signature(model),
+                          model_class=type(model).__name__, plan=plan,
+                          summary=tuple(summary.items()))
+
+
+def _comparisons(graph, base_graph, found, budget: int, time_limit: float) -> dict[str, Any]:
+    """Per-block checkpointing (checkpoint every repeated block, save nothing) and the graph
+    runtime's plan at the same budget, for the summary."""
+    out: dict[str, Any] = {}
+    blocks = [b.path for b in find_blocks(graph)]
+    per_block = fixed_choice_solution(graph, found, blocks, "none") if blocks else None
+    if per_block is not None:
+        out["per_block_extra_flops"] = per_block.extra_flops
+        out["per_block_extra_time_s"] = per_block.extra_cost
+        out["per_block_peak_bytes"] = per_block.simulation.peak_bytes
+    try:
+        graph_plan = plan_graph(base_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)))
+        out["graph_runtime_extra_flops"] = graph_plan.extra_flops
+        out["graph_runtime_extra_time_s"] = graph_plan.extra_time_s
+        out["graph_runtime_peak_bytes"] = graph_plan.predicted_peak_bytes
+    except Exception as exc:  # the comparison must not stop the plan (infeasible, solver missing)
+        out["graph_runtime_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return out
+
+
+__all__ = ["apply_checkpointing", "remove_checkpointing", "load_checkpointing",
+           "save_checkpointing_plan", "CheckpointPlan", "CheckpointPlanError", "RegionPolicy",
+           "checkpointed_modules", "describe"]
+
