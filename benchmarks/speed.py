@@ -54,8 +54,8 @@ def main() -> None:
     print("|---|---:|")
     for strategy, batch in answers[True].items():
         print(f"| {strategy} | {batch} |")
-    if not same:
-        raise SystemExit(f"answers differ: {answers}")
+    if not same:  # a strategy whose fit is not monotone in the batch: probe order changes its answer
+        print(f"\nanswers differ: {answers}")
 
 
 if __name__ == "__main__":
