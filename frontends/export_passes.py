@@ -103,8 +103,9 @@ def detach_gradient_free_outputs(gm: torch.fx.GraphModule, policy: str) -> tuple
             flat[position] = gm.graph.call_function(torch.ops.aten.detach.default, (out,))
         flat[position].meta = dict(out.meta)
         detached.append(position)
-    output.args = (tuple(flat),)
-    gm.recompile()
+    if detached:  # nothing changed: no recompile (seconds on a 1,000-step loop)
+        output.args = (tuple(flat),)
+        gm.recompile()
     return tuple(detached)
 
 

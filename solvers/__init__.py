@@ -26,6 +26,7 @@ SOLVERS: dict[str, tuple[str, str]] = {
     "blocks": ("solvers.blocks", "solve_blocks"),
     "revolve": ("solvers.revolve", "solve_revolve"),
     "chain-dp": ("solvers.chain_dp", "solve_chain_dp"),
+    "rotor": ("solvers.rotor", "solve_rotor"),
     "hierarchical": ("solvers.hierarchical", "solve_hierarchical"),
 }
 

@@ -2,7 +2,8 @@
 
 Order of work, each step seeded by the best schedule so far:
 1. store-all, when it fits (no recomputation is the minimum: every op runs at least once);
-2. the fast heuristics: the greedy saved-set search and the classic chain/segment schedules;
+2. the fast heuristics: the greedy saved-set search and the classic chain/segment schedules
+   (on a long chain of stages also rotor's DP and revolve, `solvers.hierarchical.CHAIN_SOLVERS`);
 3. graphs of at most ``EXACT_MAX_GROUPS`` op groups: the exact Checkmate model, warm-started
    with that incumbent, on the best installed back-end (`exact_engine`: the MILP with HiGHS
    when highspy is installed, else CP-SAT when OR-Tools is, else the MILP with CBC, bundled
@@ -29,7 +30,8 @@ from solvers.checkmate.contract import SEED_HEURISTICS as HEURISTICS
 from solvers.checkmate.cpsat import solve_cpsat_model
 from solvers.checkmate.milp import solve_milp_model
 from solvers.checkmate.milp_engines import highs_available
-from solvers.hierarchical import solve_hierarchical
+from solvers.hierarchical import CHAIN_SOLVERS, LONG_CHAIN_STAGES, solve_hierarchical
+from solvers.linearize import linearize
 
 
 def exact_engine(options: SolverOptions) -> str:
@@ -81,7 +83,9 @@ def solve_auto(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> 
         best = ("recompute-all", lean, lean_sim.total_cost)
     share = dataclasses.replace(options, time_limit_s=max(1.0, options.time_limit_s / 4),
                                 progress=None)
-    for name in HEURISTICS:
+    # A long chain of stages (a time-stepping loop) also gets rotor and revolve.
+    chains = CHAIN_SOLVERS if len(linearize(graph).stages) >= LONG_CHAIN_STAGES else ()
+    for name in (*HEURISTICS, *chains):
         try:
             answer = get_solver(name)(graph, budget_bytes, share)
         except ValueError:  # a chain solver on a graph that is not a chain; InfeasibleBudgetError

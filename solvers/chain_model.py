@@ -222,8 +222,11 @@ def _backward_peak(
                 last_read[v] = i
     peak = before + sum(graph[v].bytes for v in tape)
     for i, members in enumerate(groups):
+        group = graph[members[0]].group
+        if group not in during:  # a dead op (nothing reads it): no schedule runs it
+            continue
         pending = sum(graph[v].bytes for v, last in last_read.items() if last >= i)
-        peak = max(peak, during[graph[members[0]].group] + pending)
+        peak = max(peak, during[group] + pending)
     return peak
 
 

@@ -6,6 +6,10 @@
 3. Build schedules, each simulated, in this order:
    - the cheap classic schedules (per-block checkpointing, chen-greedy), so that the answer is
      never worse than them whatever the time limit;
+   - on a long chain of stages (a time-stepping loop, an unrolled RNN, a deep stack: at least
+     ``LONG_CHAIN_STAGES`` stages between articulation values), the chain schedules that scale
+     with it: rotor's heterogeneous-chain DP (when its table fits its work limit) and revolve
+     (binomial checkpointing, multi-level), each with a share of the time limit;
    - per repeated block (`solvers.block_plan`): each distinct block kind's keep/recompute
      options are solved once, exactly, then a DP over the chain of blocks picks one per block;
    - the bound LP rounded to a saved set, repaired to fit the budget, then re-saved greedily;
@@ -42,6 +46,15 @@ CHAIN_DP_SECONDS_AT_28 = 20.0
 """chain-dp's measured time on GPT-2-small's 28 stages (2 shared cores); scaled by stages^4 to
 skip it when it would overrun the time limit (its DP cannot be interrupted)."""
 FIRST_CLASSICS = ("blocks", "chen-greedy")
+LONG_CHAIN_STAGES = 64
+"""A forward graph cut into at least this many stages is a long chain (a time-stepping loop, an
+unrolled RNN): rotor and revolve run early (their schedules recompute whole stages, at several
+levels, which block plans and saved sets do not). Transformer and CNN stacks have 9-28 stages
+(the examples, GPT-2-small) and keep the block plans' time; where chain schedules would win on
+them is not measured yet."""
+CHAIN_SOLVERS = ("rotor", "revolve")
+CHAIN_SHARE = 0.25
+"""Share of the time limit for each chain solver (they stop at their limit with their best)."""
 LATE_CLASSICS = ("chain-dp", "greedy")
 BLOCK_SHARE = 0.3
 ROUNDING_SHARE = 0.15
@@ -146,10 +159,19 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
                           f"no schedule fits {budget_bytes} bytes: {bound.message}")
         report(None, bound.bound)
         best = _Best(graph, budget_bytes, on_better=lambda cost: report(cost, min(bound.bound, cost)))
+        limit = options.time_limit_s
+        stages = len(linearize(graph).stages)
+        long_chain = stages >= LONG_CHAIN_STAGES
+        if long_chain:  # first: on a long chain these are the schedules that matter
+            for name in CHAIN_SOLVERS:
+                _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
+                             share=CHAIN_SHARE * limit)
         # The leanest classic schedule: what the smallest-budget search names for large graphs
         # (`solvers.checkmate.min_budget`), so every budget an error names has a schedule here.
-        best.offer("recompute-all", recompute_all_schedule(graph))
-        limit = options.time_limit_s
+        # On a long chain it is quadratic in the chain's length (each backward op recomputes
+        # from the inputs) and costlier than any chain schedule: only when none fits.
+        if not long_chain or best.schedule is None:
+            best.offer("recompute-all", recompute_all_schedule(graph))
         for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
             _run_classic(name, graph, budget_bytes, best, progress, deadline, options)
         with progress.phase("repeated blocks: options per block kind, DP over the chain"):
@@ -166,7 +188,6 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
                 saved = frozenset(v for v, f in keep.items() if f >= threshold)
                 schedule = repair_saved_set(small, saved, budget_bytes, stop, order=keep)
                 best.offer("lp-rounding", None if schedule is None else reduction.expand(schedule))
-        stages = len(linearize(graph).stages)
         for name in LATE_CLASSICS:
             left = deadline - time.perf_counter()
             if name == "chain-dp" and (stages > CHAIN_DP_MAX_STAGES

@@ -16,7 +16,8 @@ Rules every schedule obeys, hence constraints:
 2. g runs in backward at time t: each op input u of g is live at t, so u was live at B0 or
    was computed in backward before t (``again[g(u)] >= again[g] - live[u]``);
 3. at B0: resident bytes + tangents + the forward values live there fit the budget;
-4. while backward op j runs: resident bytes, user outputs, tangents still to be read, j's
+4. while backward op j runs (every one, or on large graphs a selection of ``MEMORY_ROWS``:
+   dropping rows only loosens the LP): resident bytes, user outputs, tangents still to be read, j's
    inputs and outputs and temporaries, the forward values held past j (``held``) and the
    backward values made before j and read after it (live, or recomputed at their group's
    cost: ``1 - redo``) fit the budget;
@@ -125,7 +126,19 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
     user_bytes = sum(graph[u].bytes for u in users if graph[u].is_op)
     fixed_at: list[int] = []
     redo_terms: list[dict[int, float]] = []
+    held_terms: list[tuple[set[str], int]] = []
+    # Backward values made before j and read after it, kept by a sweep over j (each value
+    # enters once and leaves at its last read): linear in the graph, not quadratic.
+    across: dict[str, int] = {}
+    leaving: dict[int, list[str]] = {}
     for j, ms in enumerate(backward_groups):
+        for b in leaving.pop(j, ()):
+            across.pop(b, None)
+        if j > 0:
+            for b in backward_groups[j - 1]:
+                if last_read.get(b, -1) > j:
+                    across[b] = graph[b].bytes
+                    leaving.setdefault(last_read[b], []).append(b)
         first = graph[ms[0]]
         reads = set(first.inputs)
         fixed = resident + user_bytes
@@ -133,15 +146,21 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
         fixed += sum(graph[m].bytes for m in ms) + first.temp_bytes
         fixed += sum(graph[i].bytes for i in reads if graph[i].is_op and i not in users)
         row: dict[int, float] = {}
-        for b, made in made_at.items():
-            if made < j and last_read.get(b, -1) > j and b not in reads:
+        for b, nbytes in across.items():
+            if b not in reads:
                 group = graph[b].group
                 if group not in redo:
                     redo[group] = lp.add_var(group_cost[group], 0.0, 1.0)
-                fixed += graph[b].bytes
-                row[redo[group]] = row.get(redo[group], 0.0) - float(graph[b].bytes)
+                fixed += nbytes
+                row[redo[group]] = row.get(redo[group], 0.0) - float(nbytes)
         fixed_at.append(fixed)
-        redo_terms.append(dict(row))
+        redo_terms.append(row)
+        held_terms.append((reads, fixed))
+    # Rule 4's rows: every backward op on graphs of up to MEMORY_ROWS of them; on larger ones
+    # the busiest half and evenly spaced others (fewer rows only loosen the LP: still a bound).
+    for j in _memory_rows(fixed_at):
+        reads, fixed = held_terms[j]
+        row = dict(redo_terms[j])
         for v, k in held.items():
             if v not in reads and last_read[v] > j:
                 row[k] = float(graph[v].bytes)
@@ -166,6 +185,19 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
 
 _DEPTH = 4
 """Snapshot systems follow recomputation this many ops back; older sources count as free."""
+MEMORY_ROWS = 800
+"""Most backward ops that get their own memory row (rule 4); past it, a selection."""
+
+
+def _memory_rows(fixed_at: list[int]) -> list[int]:
+    """Backward ops whose memory row the LP gets: all of them up to ``MEMORY_ROWS``, else the
+    busiest half of that many and evenly spaced others."""
+    n = len(fixed_at)
+    if n <= MEMORY_ROWS:
+        return list(range(n))
+    busiest = sorted(range(n), key=lambda j: -fixed_at[j])[: MEMORY_ROWS // 2]
+    spaced = [round(i * (n - 1) / (MEMORY_ROWS // 2 - 1)) for i in range(MEMORY_ROWS // 2)]
+    return sorted({*busiest, *spaced})
 
 
 def _snapshot_points(fixed_at: list[int], count: int) -> list[int]:

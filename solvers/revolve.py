@@ -15,20 +15,26 @@ fewer); `binomial_schedule` builds such a schedule, `min_recomputations` is the 
 over splits that confirms nothing longer exists, and `replay` checks a schedule and counts,
 independently of all of them.
 
-`solve_revolve` applies it to a chain graph (every stage between articulation values is a
-single op, `solvers.linearize`): step i computes the i-th value, its reversal runs the
-stage's backward ops. Two facts of this IR that Griewank's model lacks are used: a backward
-op reads its step's output, so a reversal may reuse the output the previous reversal started
-from instead of re-evaluating it; and the first reversals carry only the small gradient of
-the loss, so the last few states can be kept from the forward pass at no cost in peak. For
-each number of such kept states, each slot count and both mappings the schedule is
-simulated, and the cheapest that fits is returned. On uniform chains this matches the
-exhaustive optimum at every budget tried (tests/test_revolve.py).
+`solve_revolve` applies it to a chain graph: step k is stage k of `solvers.linearize` (the
+forward values between two articulation values, however many ops: a residual cell, a block),
+its evaluation recomputes every op of the stage from v[k-1], and its reversal recomputes the
+stage's tape (what its backward reads) right before running the stage's backward ops. Two
+facts of this IR that Griewank's model lacks are used: a backward op may read its step's
+output, so a reversal may reuse the output the previous reversal started from instead of
+re-evaluating it; and the first reversals carry only the small gradient of the loss, so the
+last few states (with their tapes) can be kept from the forward pass. Short chains try every
+number of such kept states and every slot count (on uniform chains this matches the
+exhaustive optimum at every budget tried, tests/test_revolve.py); long ones (10^3-10^4
+steps) search the slot count by interpolation for a few numbers of kept states. Every
+candidate is simulated and the cheapest that fits is returned. The split of each
+subproblem comes from the closed form of the DP (`_evaluations`), so building a schedule is
+about linear in its length.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,7 +45,7 @@ from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, SolveStatus
-from solvers.baselines import forward_closure
+from solvers.baselines import forward_closure, store_all_schedule
 from solvers.chain_model import ChainModel, chain_model
 from solvers.segments import pinned_values, resident_names
 
@@ -97,53 +103,84 @@ class Replay:
 
 
 @lru_cache(maxsize=None)
-def _table(steps: int, slots: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """E[l] (fewest evaluations reversing l steps with ``slots`` slots) and best splits."""
+def _binomials(slots: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """C(c + r, c) and C(c + r, c + 1) for r = 0, 1, ... until the first reaches ``steps``."""
+    first, second = [1], [0]
+    r = 0
+    while first[-1] < steps:
+        r += 1
+        first.append(math.comb(slots + r, slots))
+        second.append(math.comb(slots + r, slots + 1))
+    return np.array(first, dtype=np.int64), np.array(second, dtype=np.int64)
+
+
+def _evaluations(lengths: np.ndarray, slots: int) -> np.ndarray:
+    """Fewest step evaluations reversing each of ``lengths`` steps with ``slots`` slots.
+
+    The closed form of the DP over splits (Griewank 1992): with r the least repetition count
+    for which C(c + r, c) >= l, reversing l steps takes (r + 1) l - C(c + r, c + 1)
+    evaluations (tests/test_revolve.py checks it against the DP and exhaustive search).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
     if slots == 0:
-        return (_INF, 1.0) + (_INF,) * (steps - 1), (0,) * (steps + 1)
-    right, _ = _table(steps, slots - 1)
-    cost = [_INF, 1.0] + [_INF] * (steps - 1)
-    split = [0] * (steps + 1)
-    for length in range(2, steps + 1):
-        best, arg = _INF, 0
-        for j in range(1, length):  # advance j steps, store x[j]
-            c = j + right[length - j] + cost[j]
-            if c < best:
-                best, arg = c, j
-        cost[length], split[length] = best, arg
-    return tuple(cost), tuple(split)
+        return np.where(lengths == 1, 1.0, _INF)
+    first, second = _binomials(slots, int(lengths.max(initial=1)))
+    r = np.searchsorted(first, lengths, side="left")
+    return ((r + 1) * lengths - second[r]).astype(float)
+
+
+def _split(length: int, slots: int) -> int:
+    """The first optimal split: advance j steps and store x[j] (the smallest best j)."""
+    if slots <= 1:
+        return length - 1
+    j = np.arange(1, length)
+    total = j + _evaluations(length - j, slots - 1) + _evaluations(j, slots)
+    return int(j[np.argmin(total)])
 
 
 def revolve_cost(steps: int, slots: int) -> float:
     """Fewest step evaluations reversing ``steps`` steps with ``slots`` slots (inf: impossible)."""
     if steps < 1:
         raise ValueError("need at least one step")
-    return _table(steps, slots)[0][steps]
+    return float(_evaluations(np.array([steps]), slots)[0])
 
 
 def revolve_schedule(steps: int, slots: int) -> RevolveSchedule:
-    """The optimal reversal of ``steps`` uniform steps with ``slots`` slots (x[0] in one)."""
+    """The optimal reversal of ``steps`` uniform steps with ``slots`` slots (x[0] in one).
+
+    Reversing steps s+1..e from x[s] (current and stored) with c slots advances to the best
+    split s + j, stores it unless a single step is left, reverses s+j+1..e with one slot
+    fewer, releases it, restores x[s] and goes on with s+1..s+j; one step is advanced
+    (taped) and reversed. An explicit stack: chains reach 10^5 steps and slots 10^3.
+    """
     if slots < 1:
         raise ValueError("revolve needs at least one slot (it holds the initial state)")
     total = revolve_cost(steps, slots)
+    if not math.isfinite(total):
+        raise ValueError(f"{steps} steps cannot be reversed with {slots} slots")
     actions: list[Action] = []
-
-    def reverse(s: int, e: int, c: int) -> None:
-        """Reverse steps s+1..e; x[s] is current and stored (or is the working state if c == 0)."""
-        while e - s > 1:
-            j = _table(steps, c)[1][e - s] if c > 0 else 0
-            actions.append(Action(Move.ADVANCE, s + j, s))
-            if e - (s + j) > 1:
-                actions.append(Action(Move.STORE, s + j))
-            reverse(s + j, e, c - 1)
-            if e - (s + j) > 1:
-                actions.append(Action(Move.RELEASE, s + j))
-            actions.append(Action(Move.RESTORE, s))
-            e = s + j
-        actions.append(Action(Move.ADVANCE, e, s))
-        actions.append(Action(Move.REVERSE, e))
-
-    reverse(0, steps, slots)
+    work: list[tuple[int, int, int] | Action] = [(0, steps, slots)]
+    while work:
+        item = work.pop()
+        if isinstance(item, Action):
+            actions.append(item)
+            continue
+        s, e, c = item
+        if e - s == 1:
+            actions.append(Action(Move.ADVANCE, e, s))
+            actions.append(Action(Move.REVERSE, e))
+            continue
+        j = _split(e - s, c)
+        actions.append(Action(Move.ADVANCE, s + j, s))
+        store = e - (s + j) > 1
+        if store:
+            actions.append(Action(Move.STORE, s + j))
+        # Pushed in reverse: right part, release, restore x[s], left part.
+        work.append((s, s + j, c))
+        work.append(Action(Move.RESTORE, s))
+        if store:
+            work.append(Action(Move.RELEASE, s + j))
+        work.append((s + j, e, c - 1))
     return RevolveSchedule(steps, slots, tuple(actions), int(total))
 
 
@@ -263,24 +300,28 @@ def binomial_schedule(slots: int, recomputations: int) -> RevolveSchedule:
 
 # ---------------------------------------------------------------------------- on graphs
 def chain_steps(graph: RematGraph, model: ChainModel | None = None) -> ChainModel:
-    """The chain model of ``graph``; ValueError unless its forward values form a line."""
+    """The chain model of ``graph``; ValueError unless its stages can be revolve's steps.
+
+    A stage may hold many ops (a residual cell, a transformer block): what counts is that
+    stepping from v[k-1] recomputes every op of the stage, and that the stage's backward reads
+    nothing but its input and values of its own stage (its *tape*, recomputed from v[k-1]
+    right before it runs). Run-once ops (random without replay, mutating) and user outputs
+    are pinned: kept from the forward pass, never recomputed.
+    """
     model = model or chain_model(graph)
     pinned = pinned_values(graph)
     n = model.n
     last = n if model.boundary[n] else n - 1
+    if last < 1:
+        raise ValueError("revolve needs a chain graph: no articulation values")
     for k in range(1, n + 1):
-        droppable = [v for v in model.values[k] if v not in pinned]
-        if k <= last and {graph[v].group for v in droppable} != {graph[model.boundary[k]].group}:
-            raise ValueError(f"revolve needs a chain graph: stage {k} (up to "
-                             f"{model.boundary[k]!r}) is not a single op")
+        droppable = {v for v in model.values[k] if v not in pinned}
         if k > last and droppable:
             raise ValueError("revolve needs a chain graph: values after the last articulation "
                              "value can be dropped")
-        if not set(model.tape[k]) <= {model.boundary[k]}:
-            raise ValueError(f"revolve needs a chain graph: the backward of stage {k} reads "
-                             "values other than its input and output")
-    if last < 1:
-        raise ValueError("revolve needs a chain graph: no articulation values")
+        if not set(model.tape[k]) <= droppable:
+            raise ValueError(f"revolve needs a chain graph: the backward of stage {k} (up to "
+                             f"{model.boundary[k]!r}) reads values of other stages")
     return model
 
 
@@ -293,9 +334,11 @@ def revolve_backward(
     The forward pass runs every op once; the abstract schedule's first sweep is that pass.
     The chain has ``steps`` steps (all its stages with a boundary); those past the
     schedule's are kept from the forward pass and reversed first, with the stages after the
-    last step (the loss). Later advances recompute values from the current state. With
-    ``reuse_output``, the state a reversal starts from stays live until the next reversal,
-    which reads it as its step's output, so that reversal needs no re-evaluation.
+    last step (the loss). Later advances recompute every op of the stages they cross from
+    the current state; the advance that tapes step k (right before its reversal) recomputes
+    only the stage's tape, which is all its backward reads. With ``reuse_output``, the state
+    a reversal starts from stays live until the next reversal, which reads it as its step's
+    output, so that reversal needs no re-evaluation of it.
     """
     steps = schedule.steps if steps is None else steps
     v = model.boundary
@@ -303,26 +346,30 @@ def revolve_backward(
     stored: set[int] = {0}
     held: set[int] = set()
     current: int | None = 0
-    tape_input: int | None = None
     in_sweep = True
     out: list[str] = []
+    actions = schedule.actions
 
-    def available() -> set[str]:
-        states = stored | held | {i for i in (current, tape_input) if i is not None}
+    def available(*extra: int) -> set[str]:
+        states = stored | held | {i for i in (current, *extra) if i is not None}
         return always | {v[i] for i in states if i > 0}
 
-    for act in schedule.actions:
+    for position, act in enumerate(actions):
         if act.move is Move.ADVANCE:
-            youturn = act.index == act.start + 1
-            reused = reuse_output and youturn and act.index in held
-            if not in_sweep and not reused:
-                out.extend(forward_closure(graph, [v[act.index]], available()))
-            tape_input = act.start if youturn else None
+            following = actions[position + 1] if position + 1 < len(actions) else None
+            taping = (following is not None and following.move is Move.REVERSE
+                      and act.index == act.start + 1)
+            if not in_sweep:
+                if taping:  # the reversal reads the tape only, not the stage's output
+                    targets = list(model.tape[act.index])
+                else:
+                    targets = [v[act.index]]
+                out.extend(forward_closure(graph, targets, available(act.start)))
             current = act.index
         elif act.move is Move.STORE:
             stored.add(act.index)
         elif act.move is Move.RESTORE:
-            current, tape_input = act.index, None
+            current = act.index
         elif act.move is Move.RELEASE:
             stored.discard(act.index)
         elif act.move is Move.REVERSE:
@@ -336,7 +383,7 @@ def revolve_backward(
             held.discard(act.index)
             if reuse_output and act.index > 1:
                 held.add(act.index - 1)
-            current, tape_input = None, None
+            current = None
     return out
 
 
@@ -349,43 +396,161 @@ class _Candidate:
     sim: SimulationResult
 
 
+EXHAUSTIVE_STEPS = 24
+"""Chains of at most this many steps try every slot count and number of kept top steps; longer
+ones search the slot count by bisection for a few numbers of kept top steps."""
+
+
+class _Search:
+    """Builds and simulates the schedule of each (kept top steps, slots, mapping) once."""
+
+    def __init__(self, graph: RematGraph, model: ChainModel, steps: int, budget_bytes: int) -> None:
+        self.graph, self.model, self.steps, self.budget = graph, model, steps, budget_bytes
+        self.forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+        self.best: _Candidate | None = None
+        self.smallest: SimulationResult | None = None
+        # Reusing a reversal's starting state only helps where a backward reads its stage's output.
+        self.mappings = (False, True) if any(
+            model.boundary[k] in model.tape[k] for k in range(1, model.n + 1)) else (False,)
+        self.simulations = 0
+
+    def peak(self, kept_top: int, slots: int) -> int:
+        """Least simulated peak over the mappings (recording the cheapest fitting candidate)."""
+        abstract = revolve_schedule(self.steps - kept_top, slots)
+        least: int | None = None
+        for reuse in self.mappings:
+            backward = revolve_backward(self.graph, self.model, abstract, reuse, self.steps)
+            schedule = Schedule.from_computes(self.graph, self.forward, backward)
+            sim = simulate(self.graph, schedule)
+            self.simulations += 1
+            if self.smallest is None or sim.peak_bytes < self.smallest.peak_bytes:
+                self.smallest = sim
+            least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
+            if sim.peak_bytes <= self.budget and (
+                    self.best is None or (sim.total_cost, sim.peak_bytes)
+                    < (self.best.sim.total_cost, self.best.sim.peak_bytes)):
+                self.best = _Candidate(slots, reuse, kept_top, schedule, sim)
+        assert least is not None
+        return least
+
+
+def _exhaustive(search: _Search, deadline: float) -> None:
+    steps = search.steps
+    for kept_top in range(0, steps):
+        least_peak: int | None = None
+        for slots in range(1, steps - kept_top + 1):
+            peak = search.peak(kept_top, slots)
+            least_peak = peak if least_peak is None else min(least_peak, peak)
+            if revolve_cost(steps - kept_top, slots) == 2 * (steps - kept_top) - 1:
+                break  # every step once more at most: more slots cannot help
+        # Keeping more of the top only holds more from the forward pass.
+        if least_peak is not None and least_peak > search.budget:
+            break
+        if time.perf_counter() > deadline:
+            break
+
+
+def _kept_tops(steps: int) -> list[int]:
+    """Numbers of top steps kept from the forward pass to try on a long chain: the first few,
+    then tenths of the chain (with memory to spare, store-all over the top of the chain and
+    revolve below it beats revolve over all of it)."""
+    tops = [0, 1, 2] + [round(steps * f / 10) for f in range(1, 10)]
+    return sorted({t for t in tops if 0 <= t < steps})
+
+
+def _slot_search(search: _Search, kept_top: int, deadline: float, guess: int) -> int | None:
+    """The most slots that fit with ``kept_top`` top steps kept (None: not even one).
+
+    The peak grows about linearly with the slots (one more stored state each) and the cost
+    falls: a secant search from ``guess`` inside a shrinking bracket (halving when a guess
+    makes little progress) needs a handful of simulations. It starts from the guess, not from
+    one slot, whose schedule is quadratic in the chain's length."""
+    length = search.steps - kept_top
+    # Past this many slots each step is evaluated twice at most: more cannot help.
+    useful = next((c for c in range(1, length + 1) if revolve_cost(length, c) == 2 * length - 1),
+                  length)
+    peaks: dict[int, int] = {}
+    low, high = 0, useful + 1  # low fits (0: none known to); high does not (or is past useful)
+    slots = min(max(guess, 1), useful)
+    previous: int | None = None
+    halve = False
+    while high - low > 1 and time.perf_counter() < deadline:
+        peaks[slots] = search.peak(kept_top, slots)
+        width = high - low
+        low, high = (slots, high) if peaks[slots] <= search.budget else (low, slots)
+        if high - low <= 1:
+            break
+        if previous is not None and previous != slots and not halve:
+            slope = (peaks[slots] - peaks[previous]) / (slots - previous)
+        else:
+            slope = 0.0
+        if slope > 0:
+            target = slots + (search.budget - peaks[slots]) / slope
+            nxt = math.floor(target) if peaks[slots] > search.budget else math.ceil(target)
+        elif low == 0:
+            nxt = slots // 2
+        else:
+            nxt = (low + high) // 2 if high <= useful else 2 * low
+        previous, slots = slots, min(max(nxt, low + 1), high - 1)
+        halve = not halve and (high - low) * 2 > width  # little progress: halve next
+        if halve:
+            slots = (low + high) // 2 if high <= useful else min(2 * max(low, 1), high - 1)
+    for extra in (high, high + 1):  # the peak is not strictly monotone: look a little further
+        if low and extra <= useful and extra not in peaks and time.perf_counter() < deadline:
+            if search.peak(kept_top, extra) <= search.budget:
+                low = extra
+    return low or None
+
+
+def _slot_guess(search: _Search) -> int:
+    """Slots the budget holds by bytes: what store-all's peak keeps beyond fixed bytes, per step."""
+    graph, model = search.graph, search.model
+    fixed = graph.resident_bytes + graph.gradient_bytes + sum(graph[t].bytes for t in graph.tangents)
+    state = max(1, sum(model.x_bytes) // max(1, model.n))
+    return max(1, (search.budget - fixed) // state - 3)
+
+
+def _bisect(search: _Search, deadline: float) -> None:
+    """Long chains: the best slot count for a few numbers of top steps kept from the forward
+    pass; each search is seeded by the previous one (a kept step holds about what a slot
+    does, and its tape)."""
+    previous: tuple[int, int] | None = None
+    for kept_top in _kept_tops(search.steps):
+        guess = _slot_guess(search)
+        if previous is not None:
+            guess = max(1, previous[1] - 2 * (kept_top - previous[0]))
+        slots = _slot_search(search, kept_top, deadline, guess)
+        if slots is None:
+            break  # the leanest reversal does not fit: keeping more of the top cannot either
+        previous = (kept_top, slots)
+        if time.perf_counter() > deadline:
+            break
+
+
 def solve_revolve(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     """Revolve on a chain graph with the slot count (and mapping) that fits at least cost."""
     start = time.perf_counter()
     model = chain_steps(graph)
     steps = model.n if model.boundary[model.n] else model.n - 1
-    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
-    best: _Candidate | None = None
-    smallest: SimulationResult | None = None
-    for kept_top in range(0, steps):
-        least_peak: int | None = None
-        for slots in range(1, steps - kept_top + 1):
-            abstract = revolve_schedule(steps - kept_top, slots)
-            for reuse in (False, True):
-                backward = revolve_backward(graph, model, abstract, reuse, steps)
-                schedule = Schedule.from_computes(graph, forward, backward)
-                sim = simulate(graph, schedule)
-                if smallest is None or sim.peak_bytes < smallest.peak_bytes:
-                    smallest = sim
-                if least_peak is None or sim.peak_bytes < least_peak:
-                    least_peak = sim.peak_bytes
-                if sim.peak_bytes <= budget_bytes and (
-                    best is None or (sim.total_cost, sim.peak_bytes) < (best.sim.total_cost,
-                                                                        best.sim.peak_bytes)):
-                    best = _Candidate(slots, reuse, kept_top, schedule, sim)
-            if abstract.forward_steps == 2 * abstract.steps - 1:
-                break  # every step once more at most: more slots cannot help
-        # Keeping more of the top only holds more from the forward pass.
-        if least_peak is not None and least_peak > budget_bytes:
-            break
-        if time.perf_counter() - start > options.time_limit_s:
-            break
+    store_all = store_all_schedule(graph)
+    store_sim = simulate(graph, store_all)
+    if store_sim.peak_bytes <= budget_bytes:  # nothing to recompute: the least cost there is
+        return SolveResult("revolve", SolveStatus.HEURISTIC, store_all, store_sim.total_cost, None,
+                           time.perf_counter() - start, "store-all fits the budget")
+    search = _Search(graph, model, steps, budget_bytes)
+    deadline = start + options.time_limit_s
+    if steps <= EXHAUSTIVE_STEPS:
+        _exhaustive(search, deadline)
+    else:
+        _bisect(search, deadline)
     elapsed = time.perf_counter() - start
+    best = search.best
     if best is None:
-        peak = smallest.peak_bytes if smallest is not None else None
+        peak = search.smallest.peak_bytes if search.smallest is not None else None
         return SolveResult("revolve", SolveStatus.INFEASIBLE, None, None, None, elapsed,
                            f"revolve peaks at {peak} bytes at best ({steps} steps)")
     mapping = "outputs reused" if best.reuse else "outputs re-evaluated"
     return SolveResult("revolve", SolveStatus.HEURISTIC, best.schedule, best.sim.total_cost, None,
                        elapsed, f"{best.slots} slots for {steps - best.kept_top} steps, "
-                       f"the last {best.kept_top} kept from the forward pass ({mapping})")
+                       f"the last {best.kept_top} kept from the forward pass ({mapping}; "
+                       f"{search.simulations} schedules simulated)")

@@ -90,7 +90,7 @@ def test_fixed_strategies_are_single_points_and_infeasible_budgets_are_points():
 def test_chain_only_strategy_is_not_applicable_once_on_a_branching_graph():
     from graphs import random_graph
 
-    graph = random_graph(3, 8)  # branches: stage 2 is not a single op
+    graph = random_graph(0, 8)  # branches around every value: no articulation values
     sweep = run_sweep(graph, ["50%", "80%", "100%"], strategies=("revolve", "chen-greedy"))
     (revolve,) = sweep.points_of("revolve")  # asked once, not once per budget
     assert revolve.status == Status.NOT_APPLICABLE and "chain" in revolve.message

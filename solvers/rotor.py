@@ -1,0 +1,355 @@
+"""Rotor (Beaumont et al. 2019): the heterogeneous-chain DP, vectorised for long chains.
+
+The chain model (`solvers.chain_model`) gives each stage between two articulation values its
+forward and backward costs and bytes: its output v[k], its tape (what its backward reads
+besides v[k-1]), the transients of recomputing it. ``solve(a, b, top)`` reverses stages
+a+1..b with v[a] held and the gradient of stage b ready (``top``: stage b's tape is live):
+either b = a+1 (recompute the tape if it is not live, run B[b]), or advance from v[a] to some
+v[j], a < j < b, keeping v[j] (and stage j's tape, rotor's "F_all", or not, "F_ck"), reverse
+j+1..b with what is held then, and reverse a+1..j with all of it back. The forward pass is
+the same recursion with free advances (``spine``). The objective is recomputation cost.
+
+This is `solvers.chain_dp`'s family without its early-drop move (which makes that DP
+O(stages^4)): O(stages^3 * levels) work, done as O(stages^2) numpy operations over every
+split and memory level at once, with memory counted in units of ``q`` bytes (every size
+rounded up, the budget down, so a DP-feasible schedule fits the model; the schedule is
+simulated, and the DP budget lowered when the graph breaks the model). ``q`` is chosen by
+`memory_step`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import reduce
+
+import numpy as np
+
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.ir.schedule import Schedule
+from optimizer.ir.simulator import SimulationResult, simulate
+from solvers.base import SolveResult, SolverOptions, SolveStatus
+from solvers.baselines import forward_closure, store_all_schedule
+from solvers.chain_model import ChainModel, chain_model
+from solvers.segments import pinned_values, resident_names
+
+MAX_LEVELS = 256
+CHUNK = 4e6
+"""Most elements of one batched split array (rows of one span are processed in chunks)."""
+WORK = 3e9
+"""Element operations the DP may take: about stages^3 * levels * 2; more stages: refuse."""
+_RETRIES = 6
+_HEADROOM = 1.25
+_INF = np.float64(np.inf)
+_BASE, _THROUGH, _LAST = -1, -2, -3
+"""Choice codes besides splits (4 * j + 2 * keep_tape + left part starts with the tape live)."""
+
+
+def memory_step(model: ChainModel, budget_bytes: int, max_levels: int = MAX_LEVELS) -> int:
+    """Bytes per memory unit (see the module docstring): the gcd of every byte count the DP
+    reads if that is few enough levels (exact), else the gcd of the stages' own bytes (only
+    the fixed bytes rounded), else the budget over ``max_levels``."""
+    stage_bytes = [b for b in (*model.x_bytes, *model.tape_bytes, *model.held_bytes) if b > 0]
+    every = stage_bytes + [b for b in (*model.sweep, *model.sweep_tape, *model.fixed_forward,
+                                       *model.fixed_before, *model.backward_peak) if b > 0]
+    every += [r.peak for r in (*model.advance, *model.advance_tape, *model.retape) if r.peak > 0]
+    for sizes in (every, stage_bytes):
+        gcd = reduce(math.gcd, sizes, 0)
+        if gcd and budget_bytes // gcd <= max_levels:
+            return gcd
+    return max(1, math.ceil(budget_bytes / max_levels))
+
+
+class RotorDP:
+    """The DP of the module docstring; tables over (a, b) hold vectors over free units."""
+
+    def __init__(self, model: ChainModel, q: int, budget_bytes: int) -> None:
+        m = self.m = model
+        n = self.n = model.n
+        self.q = q
+        self.levels = max(budget_bytes // q, 0) + 1
+        self.free = np.arange(self.levels)
+        u = self.units
+        self.x = np.array([u(b) for b in m.x_bytes])
+        self.tape = np.array([u(b) for b in m.tape_bytes])
+        self.held = np.array([u(b) for b in m.held_bytes])
+        self.tape_is_output = np.array([set(m.tape[k]) <= {m.boundary[k]} for k in range(n + 1)])
+        adv = np.array([r.cost for r in m.advance])
+        self.adv_prefix = np.concatenate([[0.0], np.cumsum(adv)])  # sum of advance[0..k-1]
+        self.adv_cost = adv
+        self.adv_tape_cost = np.array([r.cost for r in m.advance_tape])
+        # Peak of stepping through stage k from v[k-1] (carrying v[k-1] unless it is v[a]).
+        x = np.array(m.x_bytes, dtype=np.int64)
+        carry = np.concatenate([[0], x[:-1]])
+        self.step_bw = np.array([r.peak for r in m.advance], dtype=np.int64)
+        self.step_bw_tape = np.array([r.peak for r in m.advance_tape], dtype=np.int64)
+        self.step_fw = np.array(m.fixed_forward, dtype=np.int64) + np.array(m.sweep, dtype=np.int64)
+        self.step_fw_tape = (np.array(m.fixed_forward, dtype=np.int64)
+                             + np.array(m.sweep_tape, dtype=np.int64))
+        self.carry = carry
+        L = self.levels
+        # Tables padded on both sides of the levels (inf below 0, the top value above), so
+        # that reading them at shifted levels is a single gather.
+        self.P = np.full((2, n + 1, n + 1, 3 * L), _INF, dtype=np.float32)
+        self.S = self.P[..., L:2 * L]
+        self.choice = np.full((2, n + 1, n + 1, L), _BASE, dtype=np.int32)
+        self.spine_P = np.full((n + 1, 3 * L), _INF, dtype=np.float32)
+        self.spine = self.spine_P[:, L:2 * L]
+        self.spine_choice = np.full((n + 1, self.levels), _THROUGH, dtype=np.int32)
+
+    def units(self, nbytes: float) -> int:
+        return math.ceil(nbytes / self.q)
+
+    def _needs(self, a: np.ndarray, js: np.ndarray, fixed: np.ndarray, forward: bool
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Units each advance from v[a] to v[j] needs at its worst (without and with stage
+        j's tape kept), fixed bytes included; ``js`` is (A, D), a < j."""
+        step, step_tape = (self.step_fw, self.step_fw_tape) if forward else (self.step_bw,
+                                                                              self.step_bw_tape)
+        carry = np.where(js - 1 > a[:, None], self.carry[js], 0)
+        through = step[js] + carry
+        before = np.maximum.accumulate(through, axis=1)  # worst of stages a+1..j, shifted to
+        before = np.concatenate([np.zeros((len(a), 1), np.int64), before[:, :-1]], axis=1)  # a+1..j-1
+        plain = np.maximum(before, through) + fixed[:, None]
+        tape = np.maximum(before, step_tape[js] + carry) + fixed[:, None]
+        return np.ceil(plain / self.q), np.ceil(tape / self.q)
+
+    def _write(self, padded: np.ndarray, index: tuple, values: np.ndarray) -> None:
+        """Store ``values`` (..., levels) into the padded rows ``padded[index]``."""
+        L = self.levels
+        padded[(*index, slice(L, 2 * L))] = values
+        padded[(*index, slice(2 * L, 3 * L))] = values[..., -1:]
+
+    def _gather(self, padded: np.ndarray, rows: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        """``padded[rows][..., F + shift]`` for every level F (inf below 0, the top above):
+        ``rows`` are flat row indices into ``padded`` viewed as (-1, 3 levels)."""
+        L = self.levels
+        idx = (rows * (3 * L) + L + np.clip(shift, -L, L))[..., None] + self.free
+        return np.take(padded.reshape(-1), idx)
+
+    def _row(self, top, a, b):
+        return (top * (self.n + 1) + a) * (self.n + 1) + b
+
+    def _splits(self, a: np.ndarray, span: int, rights: list[np.ndarray], top_units: list[np.ndarray],
+                fixed: np.ndarray, forward: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Best split a < j < a + span at every level, for each row a and each (padded table,
+        rows) and top units given: ``table``'s row ``rows[row, j - a - 1]`` is the part after
+        v[j] (solve's j+1..b, or the spine), ``top_units[t][row]`` the units of stage b's tape
+        if it is live."""
+        js = a[:, None] + np.arange(1, span)[None, :]
+        need_plain, need_tape = self._needs(a, js, fixed, forward)
+        cost_between = self.adv_prefix[js] - self.adv_prefix[a + 1][:, None]  # stages a+1..j-1
+        output_tape = self.tape_is_output[js]
+        # (keep the tape while advancing, the left part starts with it live, for which j):
+        # a tape that is v[j] itself is live when the right part ends, so the left part may
+        # start from it for free; any other tape is live there only if it was kept.
+        options = ((False, False, np.ones(js.shape, bool)), (False, True, output_tape),
+                   (True, True, ~output_tape))
+        hold = np.concatenate([self.held[js] if keep else self.x[js] for keep, _, _ in options], 1)
+        need = np.concatenate([need_tape if keep else need_plain for keep, _, _ in options], 1)
+        usable = np.concatenate([u for _, _, u in options], 1)
+        if forward:
+            cost = np.zeros(hold.shape)
+        else:
+            cost = np.concatenate([cost_between + (self.adv_tape_cost[js] if keep
+                                                   else self.adv_cost[js])
+                                   for keep, _, _ in options], 1)
+        left_rows = np.concatenate([self._row(int(lt), a[:, None], js) for _, lt, _ in options], 1)
+        left_tape = np.concatenate([self.tape[js] * lt for _, lt, _ in options], 1)
+        valid = (self.free >= need[..., None]) & usable[..., None]
+        codes = np.concatenate([4 * js + 2 * keep + lt for keep, lt, _ in options], 1)
+        results = []
+        cost = cost.astype(np.float32)[..., None]
+        for (table, right), units in zip(rights, top_units):
+            total = (self._gather(table, np.concatenate([right] * 3, 1), -hold)
+                     + self._gather(self.P, left_rows, units[:, None] - left_tape) + cost)
+            total = np.where(valid, total, _INF)
+            arg = np.argmin(total, axis=1)  # (A, levels)
+            value = np.take_along_axis(total, arg[:, None, :], axis=1)[:, 0, :]
+            code = np.take_along_axis(codes, arg, axis=1)
+            results.append((value, np.where(np.isfinite(value), code, _BASE)))
+        return results
+
+    def run(self, deadline: float = math.inf) -> bool:
+        """Fill the tables; False when the deadline passed first."""
+        m, n = self.m, self.n
+        fixed_before = np.array(m.fixed_before, dtype=np.int64)
+        for b in range(1, n + 1):  # one stage: recompute the tape if it is not live, run B[b]
+            for top in (0, 1):
+                need = self.units(m.backward_peak[b] - (m.tape_bytes[b] if top else 0))
+                cost = 0.0
+                if not top and m.tape[b]:
+                    need = max(need, self.units(m.fixed_before[b] + m.retape[b].peak))
+                    cost = m.retape[b].cost
+                self._write(self.P, (top, b - 1, b), np.where(self.free >= need, cost, _INF))
+        chunk = max(1, int(CHUNK // (3 * max(n, 1) * self.levels)))
+        for span in range(2, n + 1):
+            starts = np.arange(0, n - span + 1)
+            for lo in range(0, len(starts), chunk):
+                a = starts[lo:lo + chunk]
+                b = a + span
+                js = a[:, None] + np.arange(1, span)[None, :]
+                bs = np.broadcast_to(b[:, None], js.shape)
+                rights = [(self.P, self._row(0, js, bs)), (self.P, self._row(1, js, bs))]
+                units = [np.zeros(len(a), np.int64), self.tape[b]]
+                for top, (best, code) in enumerate(self._splits(a, span, rights, units,
+                                                                fixed_before[b], False)):
+                    self._write(self.P, (top, a, b), best)
+                    self.choice[top, a, b] = code
+            if time.perf_counter() > deadline:
+                return False
+        zero = np.zeros(1, np.int64)
+        for a in range(n - 1, -1, -1):
+            row = np.array([a])
+            need_plain, need_tape = self._needs(row, np.arange(a + 1, n + 1)[None, :], zero, True)
+            best = np.where(self.free >= need_plain[0, -1], self.S[0, a, n], _INF)
+            choice = np.full(self.levels, _THROUGH, dtype=np.int32)
+            if a == n - 1:  # the last stage keeps its tape across the boundary
+                need = max(need_tape[0, -1], self.units(m.fixed_before[n] + m.held_bytes[n]))
+                total = self._gather(self.P, np.array(self._row(1, a, n)), np.array(-self.tape[n]))
+                total = np.where(self.free >= need, total, _INF)
+                better = total < best
+                best, choice = np.where(better, total, best), np.where(better, _LAST, choice)
+            if n - a > 1:
+                [(split, code)] = self._splits(row, n - a, [(self.spine_P, np.arange(a + 1, n)[None, :])],
+                                               [zero], zero, True)
+                better = split[0] < best
+                best, choice = np.where(better, split[0], best), np.where(better, code[0], choice)
+            self._write(self.spine_P, (a,), best)
+            self.spine_choice[a] = choice
+        return True
+
+    # ------------------------------------------------------------------ schedule
+    def backward_order(self, graph: RematGraph, free: int) -> list[str]:
+        """The backward compute order of the DP's choice at ``free`` units."""
+        m = self.m
+        pinned = pinned_values(graph)
+        available = pinned | resident_names(graph)
+        out: list[str] = []
+        top_level = self.levels - 1
+        work: list = []
+
+        def advance(targets) -> None:
+            targets = [v for v in targets if v]
+            out.extend(forward_closure(graph, targets, available))
+            available.update(targets)
+
+        def drop(*names: str) -> None:
+            available.difference_update(set(names) - pinned)
+
+        # An explicit stack of ("solve", a, b, top, f), ("spine", a, f) and callables.
+        work.append(("spine", 0, free))
+        while work:
+            item = work.pop()
+            if callable(item):
+                item()
+                continue
+            if item[0] == "spine":
+                _, a, f = item
+                code = int(self.spine_choice[a, f])
+                if code == _THROUGH:
+                    work.append(("solve", a, m.n, 0, f))
+                    continue
+                if code == _LAST:
+                    available.update(m.tape[m.n])
+                    work.append(("solve", a, m.n, 1, f - int(self.tape[m.n])))
+                    continue
+                b, top, top_units, forward = m.n, 0, 0, True
+            else:
+                _, a, b, top, f = item
+                code = int(self.choice[top, a, b, f])
+                if code == _BASE:
+                    if not top and m.tape[b]:
+                        advance(m.tape[b])
+                    for members in m.backward[b]:
+                        out.extend(members)
+                    drop(m.boundary[b], *m.tape[b])
+                    continue
+                top_units, forward = int(self.tape[b]) if top else 0, False
+            j, keep, left_top = code // 4, bool(code & 2), bool(code & 1)
+            hold = int(self.held[j] if keep else self.x[j])
+            targets = [m.boundary[j], *(m.tape[j] if keep else ())]
+            if forward:
+                available.update(v for v in targets if v)
+            else:
+                advance(targets)
+            right = ("spine", j, f - hold) if forward else ("solve", j, b, top, f - hold)
+            shift = top_units - (int(self.tape[j]) if left_top else 0)
+            left = ("solve", a, j, int(left_top), min(f + shift, top_level))
+
+            def between(j=j, left_top=left_top) -> None:
+                if left_top:
+                    available.add(m.boundary[j])
+                else:
+                    drop(m.boundary[j], *m.tape[j])
+
+            work.extend([left, between, right])  # popped: right, between, left
+        return out
+
+
+TABLE_BYTES = 4e8
+"""Most bytes of the DP's tables (two padded float32 tables over (a, b) and its choices)."""
+
+
+def fits_work_limit(stages: int, levels: int) -> bool:
+    """Whether the DP over ``stages`` stages and ``levels`` memory levels is within its limits."""
+    return stages ** 3 * levels * 2 <= WORK and (stages + 1) ** 2 * levels * 32 <= TABLE_BYTES
+
+
+def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
+    """Rotor's DP over the chain of stages between the forward graph's articulation values."""
+    start = time.perf_counter()
+    deadline = start + options.time_limit_s
+    store_all = store_all_schedule(graph)
+    store_sim = simulate(graph, store_all)
+    if store_sim.peak_bytes <= budget_bytes:
+        return SolveResult("rotor", SolveStatus.HEURISTIC, store_all, store_sim.total_cost, None,
+                           time.perf_counter() - start, "store-all fits the budget")
+    model = chain_model(graph)
+    top_bytes = int(budget_bytes * _HEADROOM)
+    step = memory_step(model, top_bytes)
+    levels = top_bytes // step + 1
+    if not fits_work_limit(model.n, levels):
+        raise ValueError(f"rotor: {model.n} stages x {levels} memory levels is past its work "
+                         f"limit ({WORK:.0e} element operations)")
+    dp = RotorDP(model, step, top_bytes)
+    if not dp.run(deadline):
+        return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
+                           time.perf_counter() - start, "time limit reached while filling the DP")
+    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+    tried: dict[int, tuple[Schedule, SimulationResult] | None] = {}
+
+    def attempt(level: int) -> tuple[Schedule, SimulationResult] | None:
+        if level not in tried:
+            if level < 0 or not np.isfinite(dp.spine[0, level]):
+                tried[level] = None
+            else:
+                schedule = Schedule.from_computes(graph, forward, dp.backward_order(graph, level))
+                tried[level] = (schedule, simulate(graph, schedule))
+        return tried[level]
+
+    def fits(level: int) -> bool:
+        found = attempt(level)
+        return found is not None and found[1].peak_bytes <= budget_bytes
+
+    level = min(budget_bytes // step, dp.levels - 1)
+    feasible = np.flatnonzero(np.isfinite(dp.spine[0]))
+    if feasible.size and feasible[0] > level:
+        level = int(feasible[0])
+    for _ in range(_RETRIES):
+        found = attempt(level)
+        if found is None or found[1].peak_bytes <= budget_bytes:
+            break
+        level -= max(math.ceil((found[1].peak_bytes - budget_bytes) / step), 1)
+    if not fits(level):
+        detail = f"memory step {step} bytes; {model.n} stages; no DP schedule fits"
+        return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
+                           time.perf_counter() - start, detail)
+    low, high = level, dp.levels
+    while high - low > 1 and time.perf_counter() < deadline:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    schedule, sim = attempt(low)  # type: ignore[misc]
+    return SolveResult("rotor", SolveStatus.HEURISTIC, schedule, sim.total_cost, None,
+                       time.perf_counter() - start,
+                       f"memory step {step} bytes; {model.n} stages; DP budget {low * step} bytes")

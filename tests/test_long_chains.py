@@ -1,0 +1,239 @@
+"""Long chains of multi-op stages (time-stepping loops): revolve, rotor, and auto choosing them.
+
+The chain is the motivating model's shape, built without torch: step i computes
+``a = W h`` (linear), ``t = tanh(a)``, ``m = 0.1 t``, ``h' = h + m``; its backward reads the
+step's input h (weight gradient) and t (tanh's derivative), and accumulates the weight
+gradient across steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from exhaustive import exhaustive_optimum
+from graphs import op
+
+import solvers.auto
+import solvers.hierarchical
+from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
+from optimizer.ir.schedule import Schedule, StepKind
+from optimizer.ir.simulator import simulate
+from solvers.auto import solve_auto
+from solvers.base import SolverOptions, SolveStatus
+from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.chain_dp import solve_chain_dp
+from solvers.remat_bound import lower_bound
+from solvers.revolve import (
+    binomial_schedule,
+    chain_steps,
+    max_steps,
+    min_recomputations,
+    replay,
+    revolve_backward,
+    revolve_schedule,
+    solve_revolve,
+)
+from solvers.rotor import solve_rotor
+
+F, B = Phase.FORWARD, Phase.BACKWARD
+
+
+def residual_chain(steps: int, size: int = 8, widths: list[int] | None = None,
+                   random_every: int = 0, stem: bool = False) -> RematGraph:
+    """``steps`` residual cells h <- h + 0.1 tanh(W h) sharing one weight W; ``widths`` scales
+    each step's sizes and costs (a heterogeneous chain); ``random_every`` > 0 puts a run-once
+    random op (dropout without replay) in every such step. Without ``stem`` the first cell
+    reads the input, so its ops are single-op stages (as in the captured model); with it, a
+    parameter-free op s = stem(x) comes first and every cell is one stage."""
+    widths = widths or [1] * steps
+    nodes = [Node("x", NodeKind.INPUT, F, size), Node("w", NodeKind.PARAMETER, F, size)]
+    prev = "x"
+    if stem:
+        nodes.append(op("s", F, size, ["x"], cost=1.0))
+        prev = "s"
+    for i in range(steps):
+        s = size * widths[i]
+        nodes += [op(f"a{i}", F, s, [prev, "w"], cost=2.0 * widths[i]),
+                  op(f"t{i}", F, s, [f"a{i}"], cost=1.0 * widths[i])]
+        source = f"t{i}"
+        if random_every and i % random_every == 0:
+            nodes.append(op(f"d{i}", F, s, [source], cost=1.0, random=True))
+            source = f"d{i}"
+        nodes += [op(f"m{i}", F, s, [source], cost=1.0 * widths[i]),
+                  op(f"h{i}", F, size, [prev, f"m{i}"], cost=1.0)]
+        prev = f"h{i}"
+    nodes.append(op("loss", F, 1, [prev]))
+    nodes.append(Node("tan", NodeKind.TANGENT, B, 1))
+    grad, acc = "tan", ""
+    for i in reversed(range(steps)):
+        inp = ("s" if stem else "x") if i == 0 else f"h{i - 1}"
+        s = size * widths[i]
+        source = f"d{i}" if random_every and i % random_every == 0 else f"t{i}"
+        nodes += [op(f"gm{i}", B, s, [grad], cost=1.0 * widths[i]),
+                  op(f"gt{i}", B, s, [f"gm{i}", f"t{i}"] + ([source] if source != f"t{i}" else []),
+                     cost=1.0 * widths[i]),
+                  op(f"gw{i}", B, size, [f"gt{i}", inp], cost=2.0 * widths[i])]
+        if i > 0:  # the input needs no gradient
+            nodes += [op(f"gx{i}", B, size, [f"gt{i}", "w"], cost=2.0 * widths[i]),
+                      op(f"gh{i}", B, size, [grad, f"gx{i}"], cost=1.0)]
+        if acc:
+            nodes.append(op(f"acc{i}", B, size, [acc, f"gw{i}"], cost=1.0))
+            acc = f"acc{i}"
+        else:
+            acc = f"gw{i}"
+        grad = f"gh{i}"
+    return RematGraph(tuple(nodes), forward_outputs=("loss",), user_outputs=("loss",),
+                      backward_outputs=(acc,))
+
+
+def _peaks(graph: RematGraph) -> tuple[int, int]:
+    return (simulate(graph, recompute_all_schedule(graph)).peak_bytes,
+            simulate(graph, store_all_schedule(graph)).peak_bytes)
+
+
+def _on_graph(graph: RematGraph, abstract) -> tuple[Schedule, object]:
+    forward = [n.name for n in graph.ops if n.phase is F]
+    backward = revolve_backward(graph, chain_steps(graph), abstract, reuse_output=False)
+    schedule = Schedule.from_computes(graph, forward, backward)
+    return schedule, simulate(graph, schedule)
+
+
+def _checkpoints_live(graph: RematGraph, schedule: Schedule, steps: int) -> int:
+    """Most stage outputs h_i live at once."""
+    outputs = {f"h{i}" for i in range(steps)}
+    live: set[str] = set()
+    most = 0
+    for step in schedule.steps:
+        if step.node in outputs:
+            (live.add if step.kind is StepKind.COMPUTE else live.discard)(step.node)
+            most = max(most, len(live))
+    return most
+
+
+# ------------------------------------------------------------- the binomial table on graphs
+BINOMIAL = [(2, 2, 6), (3, 3, 20), (4, 3, 35), (5, 5, 252)]
+
+
+@pytest.mark.parametrize("slots, sweeps, steps", BINOMIAL)
+def test_binomial_table_from_the_solvers_schedules_on_multi_op_stages(
+        slots: int, sweeps: int, steps: int) -> None:
+    """A chain of C(c + r, c) steps (a stem op, then cells of four ops each) is reversed with
+    c checkpoint slots (the input x in one) and no op run more than r + 1 times; one step more
+    needs a sweep more."""
+    assert max_steps(slots, sweeps) == math.comb(slots + sweeps, slots) == steps
+    graph = residual_chain(steps - 1, stem=True)
+    assert chain_steps(graph).n == steps + 1  # the stem, the cells, then the loss
+    cells = steps - 1
+    for abstract in (binomial_schedule(slots, sweeps), revolve_schedule(steps, slots)):
+        assert abstract.steps == steps
+        assert replay(abstract).max_recomputations == sweeps
+        schedule, sim = _on_graph(graph, abstract)  # the simulator accepts it
+        counts = schedule.compute_counts()
+        # Every op of a stage is recomputed with it: the tape (a, t) once per sweep, the output
+        # path (m, h) on advances only; nothing runs more than r + 1 times.
+        assert max(counts.values()) == sweeps + 1
+        evaluations = replay(abstract).evaluations
+        for i in range(cells):
+            assert counts[f"a{i}"] == counts[f"t{i}"] == evaluations[i + 2]
+            assert counts[f"m{i}"] == counts[f"h{i}"] == evaluations[i + 2] - (i + 2 < steps)
+        # x is slot 0; at most c - 1 stored outputs, plus the current state and its successor.
+        assert _checkpoints_live(graph, schedule, cells) <= slots + 1
+    assert min_recomputations(steps, slots) == sweeps
+    assert min_recomputations(steps + 1, slots) == sweeps + 1
+
+
+@pytest.mark.parametrize("slots, sweeps, steps", BINOMIAL[:3])
+def test_solve_revolve_matches_the_binomial_schedule_at_its_peak(
+        slots: int, sweeps: int, steps: int) -> None:
+    graph = residual_chain(steps - 1, stem=True)
+    _, sim = _on_graph(graph, revolve_schedule(steps, slots))
+    result = solve_revolve(graph, sim.peak_bytes, SolverOptions())
+    assert result.schedule is not None
+    assert simulate(graph, result.schedule).peak_bytes <= sim.peak_bytes
+    assert result.objective <= sim.total_cost + 1e-9
+
+
+# --------------------------------------------------------------------------- rotor
+def test_rotor_and_revolve_on_a_small_chain_against_the_exhaustive_optimum() -> None:
+    graph = residual_chain(2, widths=[2, 1])
+    low, high = _peaks(graph)
+    for budget in range(low, high + 1, max(1, (high - low) // 3)):
+        optimum = exhaustive_optimum(graph, budget)
+        for solve in (solve_rotor, solve_revolve):
+            result = solve(graph, budget, SolverOptions())
+            if result.schedule is None:
+                continue
+            sim = simulate(graph, result.schedule)
+            assert sim.peak_bytes <= budget
+            assert optimum is not None and result.objective >= optimum - 1e-9
+            assert result.objective == pytest.approx(sim.total_cost)
+
+
+@pytest.mark.parametrize("widths", [[1] * 8, [1, 3, 1, 2, 4, 1]])
+def test_rotor_is_never_worse_than_revolve_and_close_to_chain_dp(widths: list[int]) -> None:
+    """Rotor's family holds revolve's schedules (checkpoint-only advances, re-taping, kept top
+    stages) and is chain-dp's without the early drop."""
+    graph = residual_chain(len(widths), widths=widths)
+    low, high = _peaks(graph)
+    for budget in range(low, high, max(1, (high - low) // 4)):
+        rotor = solve_rotor(graph, budget, SolverOptions())
+        revolve = solve_revolve(graph, budget, SolverOptions())
+        dp = solve_chain_dp(graph, budget, SolverOptions())
+        if rotor.schedule is not None:
+            assert simulate(graph, rotor.schedule).peak_bytes <= budget
+        if revolve.schedule is not None and rotor.schedule is not None and widths == [1] * 8:
+            assert rotor.objective <= revolve.objective + 1e-9
+        if rotor.schedule is not None and dp.schedule is not None:
+            assert dp.objective <= rotor.objective * 1.25 + 1e-9
+
+
+def test_run_once_ops_are_kept_not_recomputed() -> None:
+    graph = residual_chain(30, random_every=3)
+    low, high = _peaks(graph)
+    budget = (low + high) // 3
+    for solve in (solve_rotor, solve_revolve):
+        result = solve(graph, budget, SolverOptions())
+        assert result.schedule is not None, result.message
+        sim = simulate(graph, result.schedule)  # enforces run-once
+        assert sim.peak_bytes <= budget
+        assert all(result.schedule.compute_counts()[f"d{i}"] == 1 for i in range(0, 30, 3))
+        assert sim.extra_cost > 0
+
+
+def test_rotor_refuses_chains_past_its_work_limit_cleanly() -> None:
+    graph = residual_chain(400)  # (recompute-all is quadratic on a chain: not used here)
+    high = simulate(graph, store_all_schedule(graph)).peak_bytes
+    with pytest.raises(ValueError, match="work limit"):
+        solve_rotor(graph, high // 2, SolverOptions())
+
+
+# --------------------------------------------------------------- auto on a long chain
+def test_auto_uses_the_chain_solvers_on_a_long_chain_and_its_gap_is_honest(monkeypatch) -> None:
+    for module in (solvers.auto, solvers.hierarchical):  # 30 steps stand for a long loop here
+        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
+    graph = residual_chain(30)  # 240 op groups: auto goes hierarchical
+    low, high = _peaks(graph)
+    budget = low + (high - low) // 10
+    options = SolverOptions(time_limit_s=15)
+    rotor = solve_rotor(graph, budget, options)
+    revolve = solve_revolve(graph, budget, options)
+    answer = solve_auto(graph, budget, options)
+    assert answer.schedule is not None
+    sim = simulate(graph, answer.schedule)
+    assert sim.peak_bytes <= budget
+    assert answer.objective <= min(rotor.objective, revolve.objective) + 1e-9
+    assert "rotor" in answer.message and "revolve" in answer.message
+    assert answer.bound is not None and answer.bound <= answer.objective + 1e-9
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3])
+def test_the_lower_bound_stays_below_the_chain_schedules(fraction: float) -> None:
+    graph = residual_chain(24, widths=[1 + (i % 3) for i in range(24)])
+    low, high = _peaks(graph)
+    budget = low + int((high - low) * fraction)
+    bound = lower_bound(graph, budget, time_limit_s=20)
+    for solve in (solve_rotor, solve_revolve):
+        result = solve(graph, budget, SolverOptions())
+        if result.status is SolveStatus.HEURISTIC:
+            assert bound.bound <= result.objective + 1e-9
