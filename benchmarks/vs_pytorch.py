@@ -3,7 +3,9 @@
 Per model (the examples plus GPT-2 tiny, ViT, ResNet and UNet) and strategy: plain autograd,
 ``torch.utils.checkpoint`` around each block, selective activation checkpointing (save matmuls
 and convolutions) around each block, ``torch.compile`` with the min-cut partitioner at several
-``activation_memory_budget`` values, and remat-opt (``solver=auto``) at a budget equal to EACH
+``activation_memory_budget`` values, remat-opt's eager runtime (``apply_checkpointing``:
+checkpoint regions with selective policies on the model itself) at the measured peak of per-block
+checkpointing and of SAC, and remat-opt (``solver=auto``) at a budget equal to EACH
 peer's measured peak plus a few percentages of plain autograd's, once per objective: modelled
 time (the ``flops`` cost model, remat-opt's default) and counted FLOPs (``flop-count``: what
 ``FlopCounterMode`` counts, so pointwise recomputation is nearly free). Every step is really run and
@@ -38,7 +40,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from vs_pytorch_measure import StepMetrics, StepState, measure_strategy  # noqa: E402
 from vs_pytorch_peers import compile_min_cut, memory_budget, wrap_blocks  # noqa: E402
-from vs_pytorch_report import FLOP_OBJECTIVE, TIME_OBJECTIVE  # noqa: E402
+from vs_pytorch_report import EAGER, EAGER_PEERS, FLOP_OBJECTIVE, TIME_OBJECTIVE  # noqa: E402
 
 from frontends.costs import FLOP_COUNT_MODEL, FLOPS_MODEL, CostModel  # noqa: E402
 
@@ -55,7 +57,8 @@ class Row:
 
     model: str
     strategy: str
-    """plain, per-block, sac, compile, or a key of `OBJECTIVES` (remat-opt per objective)."""
+    """plain, per-block, sac, compile, a key of `OBJECTIVES` (remat-opt per objective), or `EAGER`
+    (remat-opt's eager runtime, ``apply_checkpointing``)."""
     setting: str
     metrics: StepMetrics | None
     prepare_s: float | None
@@ -63,7 +66,7 @@ class Row:
     minus a plain step)."""
     error: str | None = None
     budget_bytes: int | None = None
-    """remat-opt: the budget its measured peak must fit (a peer's measured peak, or a percentage of
+    """remat-opt and the eager runtime: the budget its measured peak must fit (a peer's measured peak, or a percentage of
     plain autograd's); it plans for this less ``seed_bytes``."""
     seed_bytes: int = 0
     """remat-opt: the loss's seed gradient its plans do not count, held back from the budget."""
@@ -128,6 +131,7 @@ class ModelBench:
         for fraction in self.args.compile_budgets:
             self._compiled(fraction)
         self.remat_opt()
+        self.eager_runtime()
         return self.rows
 
     def run_plain(self) -> None:
@@ -168,7 +172,7 @@ class ModelBench:
         autograd's measured peak, each with the runs it stands for."""
         labels: dict[int, list[str]] = {}
         for row in self.rows:
-            if row.metrics is not None and row.strategy not in OBJECTIVES:
+            if row.metrics is not None and row.strategy not in OBJECTIVES and row.strategy != EAGER:
                 labels.setdefault(row.metrics.peak_bytes, []).append(f"= {row.strategy} {row.setting}".strip())
         for percent in self.args.percentages:
             budget = self.rows[0].metrics.peak_bytes * percent // 100
@@ -221,6 +225,45 @@ class ModelBench:
                    predicted_peak_bytes=plan.predicted_peak_bytes,
                    planned_extra_flops=plan.extra_flops, store_all_peak_bytes=plan.store_all_peak_bytes,
                    note=plan.message[:80])
+
+    def eager_runtime(self) -> None:
+        """The eager runtime (``apply_checkpointing``: torch.utils.checkpoint regions with
+        selective-checkpoint policies on the model itself) at the measured peak of each peer of
+        `EAGER_PEERS`, planned like remat-opt for the budget less the seed gradient. A model it
+        cannot plan (nothing checkpointable saves memory, e.g. BatchNorm blocks) is a row with the
+        planner's message, not a crash."""
+        for peer in EAGER_PEERS:
+            row = next((r for r in self.rows if r.strategy == peer and r.setting == ""), None)
+            if row is None or row.metrics is None:
+                self.rows.append(Row(self.name, EAGER, f"= {peer}", None, None,
+                                     error=f"not applicable: {peer} did not run"))
+                continue
+            self.rows.append(self._eager_row(row.metrics.peak_bytes, f"= {peer}"))
+
+    def _eager_row(self, budget: int, setting: str, cost_model: str = "flops") -> Row:
+        from frontends.eager_runtime import apply_checkpointing
+        from solvers.base import InfeasibleBudgetError
+
+        seed = self.seed_bytes()
+        model, params, buffers = self._fresh()
+        start = time.perf_counter()
+        try:
+            plan = apply_checkpointing(model, self.inputs, budget=budget - seed,
+                                       time_limit=self.args.time_limit, compare=False, cost_model=cost_model)
+            prepare_s = time.perf_counter() - start  # capture + eager trace + solve + wrap
+            metrics, _ = self._measure(model, params, buffers)
+        except InfeasibleBudgetError as err:
+            text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+            kind = "not applicable" if "no submodule's checkpoint saves memory" in text else "infeasible"
+            return Row(self.name, EAGER, setting, None, None, error=f"{kind}: {text[:400]}",
+                       budget_bytes=budget, seed_bytes=seed)
+        except Exception as err:  # a failure of the eager runtime is reported, not hidden
+            return Row(self.name, EAGER, setting, None, None, error="eager runtime failed: " + _one_line(err),
+                       budget_bytes=budget, seed_bytes=seed)
+        return Row(self.name, EAGER, setting, metrics, prepare_s, budget_bytes=budget, seed_bytes=seed,
+                   predicted_peak_bytes=plan.predicted_peak_bytes, planned_extra_flops=plan.extra_flops,
+                   store_all_peak_bytes=plan.store_all_peak_bytes,
+                   note=f"{len(plan.regions)} regions; " + plan.message[:80])
 
     def _rewrite(self, plan):
         """The RematModule for ``plan`` on a fresh capture of a fresh copy of the model: a

@@ -4,6 +4,7 @@ modelled time, one marker per strategy (`vs_pytorch_report` has the numbers behi
 from __future__ import annotations
 
 from vs_pytorch_report import (
+    EAGER,
     FLOP_OBJECTIVE,
     LABELS,
     OURS,
@@ -14,7 +15,8 @@ from vs_pytorch_report import (
 )
 
 MARKERS = {"plain": ("o", "black"), "per-block": ("s", "tab:blue"), "sac": ("D", "tab:green"),
-           "compile": ("^", "tab:orange"), TIME_OBJECTIVE: ("x", "tab:red"), FLOP_OBJECTIVE: ("+", "tab:purple")}
+           "compile": ("^", "tab:orange"), TIME_OBJECTIVE: ("x", "tab:red"), FLOP_OBJECTIVE: ("+", "tab:purple"),
+           EAGER: ("*", "tab:brown")}
 
 
 def write_plot(rows, path: str) -> None:

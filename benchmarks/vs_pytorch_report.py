@@ -14,7 +14,10 @@ break ties). Each check uses the objective that minimizes what it measures:
    ``flops`` cost model);
 2. both objectives: the measured peak is monotone in the budget and never above it;
 3. FLOPs (`FLOP_OBJECTIVE`): on the transformer models, at per-block checkpointing's peak,
-   remat-opt's extra FLOPs are at most half of per-block checkpointing's.
+   remat-opt's extra FLOPs are at most half of per-block checkpointing's;
+4. the eager runtime (`EAGER`, ``apply_checkpointing`` at the measured peak of each peer of
+   `EAGER_PEERS`) spends no more FLOPs than that peer; its measured peak against the peer's is
+   reported beside it. A model it cannot plan is *n/a* with the planner's message.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ the FLOP objective existed used, so their JSON still reads."""
 FLOP_OBJECTIVE = "remat-opt (flop-count)"
 """remat-opt minimizing the FLOPs FlopCounterMode counts (the ``flop-count`` cost model)."""
 OURS = (TIME_OBJECTIVE, FLOP_OBJECTIVE)
-LABELS = {TIME_OBJECTIVE: "remat-opt, time objective", FLOP_OBJECTIVE: "remat-opt, FLOP objective"}
+EAGER = "eager runtime"
+"""remat-opt's eager runtime: ``apply_checkpointing`` (checkpoint regions with selective policies
+on the user's model), planned with its default ``flops`` cost model."""
+EAGER_PEERS = ("per-block", "sac")
+"""The peers at whose measured peak the eager runtime is planned and compared."""
+LABELS = {TIME_OBJECTIVE: "remat-opt, time objective", FLOP_OBJECTIVE: "remat-opt, FLOP objective",
+          EAGER: "remat-opt eager runtime"}
 
 
 def _mib(nbytes: int | None) -> str:
@@ -128,6 +137,7 @@ def check_targets(rows) -> list[Verdict]:
     verdicts: list[Verdict] = []
     for model, group in by_model(rows).items():
         plain = group[0]
+        verdicts += _eager_verdicts(model, group)
         for peer in (r for r in group if r.strategy in PEERS):
             verdicts += _peer_verdicts(model, group, peer)
         for objective in OURS:
@@ -145,6 +155,61 @@ def check_targets(rows) -> list[Verdict]:
             verdicts.append(Verdict(model, what, ok, f"per-block +{_pct(extra_flops(blocks, plain), plain)}; FLOP "
                                     "objective " + (f"+{_pct(extra_flops(best, plain), plain)}" if best else "cannot reach it")))
     return verdicts
+
+
+def _eager_pairs(group) -> list[tuple]:
+    """(peer row or None, the eager runtime's row at its peak) per peer of `EAGER_PEERS`."""
+    pairs = []
+    for peer_name in EAGER_PEERS:
+        ours = next((r for r in group if r.strategy == EAGER and r.setting == f"= {peer_name}"), None)
+        if ours is None:
+            continue
+        peer = next((r for r in group if r.strategy == peer_name and r.setting == ""), None)
+        pairs.append((peer_name, peer, ours))
+    return pairs
+
+
+def _eager_verdicts(model: str, group: list) -> list[Verdict]:
+    plain = group[0]
+    verdicts = []
+    for peer_name, peer, ours in _eager_pairs(group):
+        what = f"4: eager runtime FLOPs <= {peer_name}'s at its peak"
+        if peer is None or peer.metrics is None or ours.metrics is None:
+            verdicts.append(Verdict(model, what, None, ours.error or f"{peer_name} failed"))
+            continue
+        over = ours.metrics.peak_bytes - peer.metrics.peak_bytes
+        peak = "at or under it" if over <= 0 else f"{over} B ({100 * over / peer.metrics.peak_bytes:.2f}%) above it"
+        verdicts.append(Verdict(
+            model, what, extra_flops(ours, plain) <= extra_flops(peer, plain),
+            f"peer {_mib(peer.metrics.peak_bytes)}, +{_pct(extra_flops(peer, plain), plain)}; eager runtime "
+            f"{_mib(ours.metrics.peak_bytes)} ({peak}; predicted {_mib(ours.predicted_peak_bytes)}), "
+            f"+{_pct(extra_flops(ours, plain), plain)}"))
+    return verdicts
+
+
+def _eager_table(groups) -> list[str]:
+    """Per model and peer of `EAGER_PEERS`: the peer and the eager runtime planned at its peak."""
+    lines = ["| model | peer | peer: measured peak, extra FLOPs | eager runtime: measured peak (predicted), "
+             "extra FLOPs | no more FLOPs | peak <= peer's | grad err | regions / note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, group in groups.items():
+        plain = group[0]
+        for peer_name, peer, ours in _eager_pairs(group):
+            if peer is None or peer.metrics is None:
+                lines.append(f"| {model} | {peer_name} | failed | | n/a | n/a | | {ours.error or ''} |")
+                continue
+            peer_cell = f"{_mib(peer.metrics.peak_bytes)}, +{_pct(extra_flops(peer, plain), plain)}"
+            if ours.metrics is None:
+                lines.append(f"| {model} | {peer_name} | {peer_cell} | n/a | n/a | n/a | | {ours.error} |")
+                continue
+            m = ours.metrics
+            fewer = "yes" if extra_flops(ours, plain) <= extra_flops(peer, plain) else "**no**"
+            fits = "yes" if m.peak_bytes <= peer.metrics.peak_bytes else (
+                f"no (+{100 * (m.peak_bytes / peer.metrics.peak_bytes - 1):.2f}%)")
+            lines.append(f"| {model} | {peer_name} | {peer_cell} | {_mib(m.peak_bytes)} "
+                         f"({_mib(ours.predicted_peak_bytes)}), +{_pct(extra_flops(ours, plain), plain)} | "
+                         f"{fewer} | {fits} | {m.grad_error:.1e} | {ours.note} |")
+    return lines
 
 
 def _summary_table(groups, objective: str) -> list[str]:
@@ -191,7 +256,7 @@ def _model_table(group) -> list[str]:
             continue
         m = r.metrics
         planned = ""
-        if r.strategy in OURS:
+        if r.strategy in (*OURS, EAGER):
             planned = (f"{_mib(r.budget_bytes)} / {_mib(r.predicted_peak_bytes)} / "
                        f"{r.planned_extra_flops / 1e6:.2f} M")
         lines.append(
@@ -310,9 +375,18 @@ def write_report(rows, path: str, *, run: dict, plot_name: str) -> None:
              "step; *(more)*: the time objective's step is modelled slower than the peer's at equal or "
              "lower measured peak."), ""]
     out += _summary_table(groups, TIME_OBJECTIVE) + [""]
+    if any(r.strategy == EAGER for r in rows):
+        out += ["## Eager runtime at the peers' peaks", "",
+                ("remat-opt's eager runtime (`apply_checkpointing(model, inputs, budget=peer's measured peak "
+                 "- seed gradient)`: `torch.utils.checkpoint` regions with selective-checkpoint policies on "
+                 "the model itself, planned with the default `flops` cost model) against per-block "
+                 "checkpointing and hand-written SAC at their measured peaks. *not applicable*: nothing "
+                 "the eager runtime may checkpoint saves memory (modules that update state, such as "
+                 "BatchNorm in training, are not checkpointed; nor ops outside submodules)."), ""]
+        out += _eager_table(groups) + [""]
     verdicts = check_targets(rows)
     out += ["## Targets", "", ("1 and 3 (FLOPs) use the FLOP objective's rows, 1t (modelled time) the "
-                               "time objective's, 2 each objective's own."), "",
+                               "time objective's, 2 each objective's own, 4 the eager runtime's."), "",
             "| model | target | met | detail |", "|---|---|---|---|"]
     for v in verdicts:
         met = "n/a" if v.ok is None else ("yes" if v.ok else "**no**")
