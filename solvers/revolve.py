@@ -547,6 +547,7 @@ def solve_revolve(graph: RematGraph, budget_bytes: int, options: SolverOptions) 
     best = search.best
     if best is None:
         peak = search.smallest.peak_bytes if search.smallest is not None else None
+        peak = store_sim.peak_bytes if peak is None else min(peak, store_sim.peak_bytes)  # also offered
         return SolveResult("revolve", SolveStatus.INFEASIBLE, None, None, None, elapsed,
                            f"revolve peaks at {peak} bytes at best ({steps} steps)")
     mapping = "outputs reused" if best.reuse else "outputs re-evaluated"
