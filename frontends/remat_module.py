@@ -4,6 +4,8 @@ Calling it in training mode with gradients enabled runs the plan's forward graph
 autograd Function whose backward is the plan's backward graph; gradients land in the
 original parameters' ``.grad``. In ``eval()`` or under ``no_grad`` it runs the original model,
 which saves nothing. ``state_dict`` and ``load_state_dict`` are the original model's.
+Inputs smaller than the planned ones run the planned schedule on a capture at their sizes,
+compiled once per size (`ShapePolicy`, `frontends.shape_variants`).
 """
 
 from __future__ import annotations
