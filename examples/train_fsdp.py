@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--budget", default="70%", help="per-rank budget: bytes, 3MB, or 70%%")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
-    from frontends.data_parallel import run_on_ranks
+    from frontends.gloo_ranks import run_on_ranks
 
     losses = run_on_ranks(train, args.world_size, (args.strategy, args.budget, args.steps), timeout_s=600)
     for rank, rank_losses in enumerate(losses):

@@ -1,33 +1,16 @@
 """What each gloo rank of tests/test_eager_runtime.py's FSDP2 test runs.
 
 Kept apart from the test module, and light (torch, the example file, the eager runtime's
-run-time half), because every spawned rank imports it before it can start.
+run-time half, `frontends.gloo_ranks`), because every spawned rank imports it before it can start.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import tempfile
-import time
-from datetime import timedelta
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from e2e_helpers import load_example
 
 from frontends.eager_checkpoint import checkpointed_modules, load_checkpointing
-
-
-def _full_gradients(model: torch.nn.Module) -> dict:
-    grads = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if grad is not None and hasattr(grad, "full_tensor"):
-            grad = grad.full_tensor()  # a collective: every rank calls it
-        grads[name] = None if grad is None else grad.detach().clone()
-    return grads
+from frontends.gloo_ranks import full_gradients, run_on_ranks
 
 
 def fsdp_train(rank: int, world_size: int, plan_path: str, steps: int = 2) -> dict:
@@ -51,40 +34,12 @@ def fsdp_train(rank: int, world_size: int, plan_path: str, steps: int = 2) -> di
             loss = model(*batch)[0]
             loss.backward()
             losses.append(loss.detach().clone())
-            grads.append(_full_gradients(model))
+            grads.append(full_gradients(model, strip=()))
             optimizer.step()
         results[remat] = (losses, grads, sorted(checkpointed_modules(model)))
     return results
 
 
-def _rank_main(rank: int, world_size: int, port: int, args: tuple, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
-    try:
-        torch.save(fsdp_train(rank, world_size, *args), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def run_fsdp_ranks(plan_path: str, world_size: int = 2, timeout_s: float = 180.0) -> list[dict]:
-    """`fsdp_train` on ``world_size`` gloo ranks (as `frontends.data_parallel.run_on_ranks`,
-    whose module a rank would have to import with the whole capture stack)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(_rank_main, args=(world_size, port, (plan_path,), out_dir),
-                                     nprocs=world_size, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:.0f} s")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-                    process.join(5)
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
-                for r in range(world_size)]
+    """`fsdp_train` on ``world_size`` gloo ranks."""
+    return run_on_ranks(fsdp_train, world_size, (plan_path,), timeout_s=timeout_s)

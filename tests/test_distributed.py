@@ -13,7 +13,7 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, max_relative_error
 
-from frontends.data_parallel import full_gradients, run_on_ranks
+from frontends.gloo_ranks import full_gradients, run_on_ranks
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.planning.distributed_budget import (
     DataParallelConfig,
@@ -216,7 +216,7 @@ def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from frontends.data_parallel import free_port
+    from frontends.gloo_ranks import free_port
     from frontends.sharding import ShardedSubmoduleError, check_no_sharded_submodules
 
     model, _ = load_example("mlp")
