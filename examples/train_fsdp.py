@@ -34,6 +34,7 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
     from torch.nn.parallel import DistributedDataParallel
 
     from frontends.costed_capture import capture_with_costs
+    from frontends.rank_memory import ddp_bucket_bytes, measured_rank_peak
     from frontends.remat_module import RematModule
     from optimizer.planning.distributed_budget import (
         DataParallelConfig,
@@ -51,13 +52,8 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
     ranked = plan_for_rank(captured.graph, budget, config, solver="auto",
                            options=SolverOptions(time_limit_s=10))
     remat = RematModule(model, captured, ranked.plan, batch)
-    from frontends.compiled_memory import profile_allocations
-
-    # DDP allocates its gradient buckets when it wraps the module: measure them there.
-    constructed = profile_allocations(
-        lambda: fully_shard(remat) if strategy == "fsdp" else DistributedDataParallel(remat))
-    wrapped = constructed.result
-    buckets = constructed.net_bytes if strategy == "ddp" else 0
+    wrapped = fully_shard(remat) if strategy == "fsdp" else DistributedDataParallel(remat)
+    buckets = ddp_bucket_bytes(wrapped) if strategy == "ddp" else 0
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     losses = []
     for _ in range(steps):
@@ -66,31 +62,12 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    measured = _measured_rank_peak(wrapped, batch) + buckets
+    measured = measured_rank_peak(wrapped, batch, buckets)
     if rank == 0:
         print(format_rank_breakdown(ranked))
         print(f"  rank peak          {measured:,} B measured (rank 0, one more step; "
               f"{100 * (measured / ranked.predicted_rank_peak_bytes - 1):+.2f}% vs planned)")
     return losses
-
-
-def _measured_rank_peak(wrapped, batch) -> int:
-    """Resident shards or replicas, buffers and inputs, plus the live peak of one step (FSDP2's
-    in-place parameter resizes included)."""
-    import gc
-
-    from frontends.resize_tracker import track_live_memory_with_resizes
-
-    tensors = [getattr(t, "_local_tensor", t) for t in (*wrapped.parameters(), *wrapped.buffers(), *batch)]
-    resident = sum({id(s): s.nbytes() for s in (t.untyped_storage() for t in tensors)}.values())
-    for p in wrapped.parameters():
-        p.grad = None
-    gc.collect()
-    with track_live_memory_with_resizes() as tracker:
-        out = wrapped(*batch)
-        out[0].backward()
-        del out
-    return resident + tracker.peak_bytes
 
 
 def main() -> None:

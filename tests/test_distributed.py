@@ -115,8 +115,8 @@ def _train(rank: int, world_size: int) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from frontends.compiled_memory import profile_allocations
     from frontends.costed_capture import capture_with_costs
+    from frontends.rank_memory import ddp_bucket_bytes, measured_rank_peak
     from frontends.remat_module import RematModule
 
     model, (idx, targets) = load_example("gpt", dropout=0.0)
@@ -132,9 +132,7 @@ def _train(rank: int, world_size: int) -> dict:
             if remat:
                 module = remat_module
                 module.load_state_dict(model.state_dict())  # undo the DDP run's updates
-            wrapper = DistributedDataParallel if strategy == "ddp" else fully_shard
-            constructed = profile_allocations(lambda m=module, w=wrapper: w(m))  # DDP's buckets are allocated here
-            wrapped = constructed.result
+            wrapped = DistributedDataParallel(module) if strategy == "ddp" else fully_shard(module)
             optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.5)
             losses, grads = [], []
             for _ in range(STEPS):
@@ -149,29 +147,11 @@ def _train(rank: int, world_size: int) -> dict:
                 config = DataParallelConfig(world_size=world_size, strategy=strategy)
                 predicted = rank_offsets(captured.graph, config).rank_peak(
                     phase_peaks(captured.graph, ranked.plan.schedule))
-                buckets = constructed.net_bytes if strategy == "ddp" else 0
-                results[strategy, "peaks"] = (predicted, _measured_rank_peak(wrapped, batch, buckets))
-            del wrapped, optimizer, constructed  # DDP's reducer removes its hooks when collected
+                buckets = ddp_bucket_bytes(wrapped) if strategy == "ddp" else 0
+                results[strategy, "peaks"] = (predicted, measured_rank_peak(wrapped, batch, buckets))
+            del wrapped, optimizer  # DDP's reducer removes its hooks when collected
             gc.collect()
     return results
-
-
-def _measured_rank_peak(wrapped: torch.nn.Module, batch: tuple, buckets: int) -> int:
-    """Resident storages (replicas or FSDP's local shards, buffers, inputs, DDP's buckets) +
-    the step's peak of live storages, FSDP2's resized parameter storages included."""
-    from frontends.resize_tracker import track_live_memory_with_resizes
-
-    tensors = [getattr(t, "_local_tensor", t) for t in (*wrapped.parameters(), *wrapped.buffers(), *batch)]
-    storages = {id(s): s.nbytes() for s in (t.untyped_storage() for t in tensors)}
-    resident = sum(storages.values()) + max(buckets, 0)
-    for p in wrapped.parameters():
-        p.grad = None
-    gc.collect()
-    with track_live_memory_with_resizes() as tracker:
-        out = wrapped(*batch)  # held through backward, as a training loop holds (loss, logits)
-        out[0].backward()
-        del out
-    return resident + tracker.peak_bytes
 
 
 @pytest.fixture(scope="module")
