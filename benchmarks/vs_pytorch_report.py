@@ -379,7 +379,8 @@ def write_report(rows, path: str, *, run: dict, plot_name: str) -> None:
         out += ["## Eager runtime at the peers' peaks", "",
                 ("remat-opt's eager runtime (`apply_checkpointing(model, inputs, budget=peer's measured peak "
                  "- seed gradient)`: `torch.utils.checkpoint` regions with selective-checkpoint policies on "
-                 "the model itself, planned with the default `flops` cost model) against per-block "
+                 "the model itself, planned for counted FLOPs, `cost_model=\"flop-count\"`, since the target "
+                 "compares FLOPs) against per-block "
                  "checkpointing and hand-written SAC at their measured peaks. *not applicable*: nothing "
                  "the eager runtime may checkpoint saves memory (modules that update state, such as "
                  "BatchNorm in training, are not checkpointed; nor ops outside submodules)."), ""]

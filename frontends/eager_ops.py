@@ -27,7 +27,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from frontends.capture import CapturedStep
 from frontends.costed_capture import capture_with_costs
 from optimizer.ir.graph import Phase, RematGraph
-from optimizer.planning.eager_plan import RegionCandidate, within
+from optimizer.planning.eager_plan import RegionCandidate, with_autograd_node_holds, within
 
 
 def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -159,9 +159,13 @@ def _cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
     return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
 
 
-def eager_graph(graph: RematGraph, on_cpu: bool) -> RematGraph:
-    """The graph as eager runs it: on CPU, eager dropout keeps a mask of the input's dtype
-    (``bernoulli_`` into ``empty_like``), not the fused kernel's bool mask."""
+def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> RematGraph:
+    """The graph as eager autograd runs it: each backward formula frees what it read when it
+    returns (`with_autograd_node_holds`, Nodes from the captured ops' ``seq_nr``); on CPU, eager
+    dropout keeps a mask of the input's dtype (``bernoulli_`` into ``empty_like``), not the
+    fused kernel's bool mask."""
+    autograd_node = {n.name: n.meta["seq_nr"] for n in gm.graph.nodes if n.meta.get("seq_nr") is not None}
+    graph = with_autograd_node_holds(graph, autograd_node)
     if not on_cpu:
         return graph
     nodes = list(graph.nodes)

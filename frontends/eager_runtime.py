@@ -114,7 +114,7 @@ def apply_checkpointing(
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     captured = capture_for_eager(model, inputs, example_kwargs, cost_model, grad_outputs,
                                  python_side_effects)
-    graph = eager_graph(captured.graph, _on_cpu(model, inputs))
+    graph = eager_graph(captured.graph, captured.gm, _on_cpu(model, inputs))
     with cache_off_for_training(model, dict(example_kwargs or {})) as cache_off:
         trace = trace_eager(model, inputs, cache_off.kwargs)
     found = candidates(graph, trace, model)

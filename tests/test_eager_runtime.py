@@ -29,9 +29,17 @@ from frontends.eager_runtime import (
     save_checkpointing_plan,
 )
 from optimizer.app.cli import EXIT_USAGE, main
+from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.ir.simulator import simulate
-from optimizer.planning.eager_plan import RegionCandidate, RegionModel, solve_eager, with_holds
+from optimizer.planning.eager_plan import (
+    RegionCandidate,
+    RegionModel,
+    solve_eager,
+    with_autograd_node_holds,
+    with_holds,
+)
 from solvers.base import InfeasibleBudgetError
+from solvers.baselines import store_all_schedule
 
 PEAK_TOLERANCE = 0.02
 
@@ -260,7 +268,8 @@ def test_saved_plan_round_trips(gpt_plan):
 # ------------------------------------------------------------------ the planner alone (IR)
 def test_planner_schedules_simulate_within_budget():
     model, inputs = ToyNet().double(), toy_inputs(torch.float64)
-    graph = eager_graph(capture_for_eager(model, inputs, None).graph, True)
+    captured = capture_for_eager(model, inputs, None)
+    graph = eager_graph(captured.graph, captured.gm, True)
     trace = trace_eager(model, inputs)
     found = candidates(graph, trace, model)
     graph = with_holds(graph, held_values(graph, trace, found))
@@ -275,6 +284,31 @@ def test_planner_schedules_simulate_within_budget():
         assert solution.extra_cost >= previous - 1e-15
         previous = solution.extra_cost
     assert all(isinstance(c, RegionCandidate) for c in found)
+
+
+def test_an_autograd_node_frees_what_it_read_when_it_returns():
+    """y = a * b: MulBackward0 makes grad_a = g * b and grad_b = g * a. Op by op, ``b`` dies
+    after grad_a (1,000 B); eager autograd frees it with the Node, after grad_b, so the peak
+    holds it too. The gradient accumulation ``add`` that follows carries the same seq_nr but is
+    not consecutive with the Node's ops, so it is no part of it."""
+    f, bw = Phase.FORWARD, Phase.BACKWARD
+
+    def op(name, phase, size, inputs):
+        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
+
+    graph = RematGraph((
+        Node("x", NodeKind.INPUT, f, 8), Node("w", NodeKind.PARAMETER, f, 8),
+        op("a", f, 1000, ("x", "w")), op("b", f, 1000, ("x", "w")), op("y", f, 8, ("a", "b")),
+        Node("g", NodeKind.TANGENT, bw, 8),
+        op("grad_a", bw, 1000, ("g", "b")), op("grad_b", bw, 1000, ("g", "a")),
+        op("other", bw, 8, ("grad_a",)), op("acc", bw, 8, ("other", "grad_b")),
+    ), ("y",), ("y",), ("acc",))
+    node_of = {"grad_a": 7, "grad_b": 7, "other": 3, "acc": 7}
+    held = with_autograd_node_holds(graph, node_of)
+    assert [n.name for n in held.nodes if n.name.startswith("eager_node::")] == ["eager_node::7.0"]
+    assert held["eager_node::7.0"].inputs == ("b",)
+    plain, eager = (simulate(g, store_all_schedule(g)).peak_bytes for g in (graph, held))
+    assert eager == plain + 1000
 
 
 # ------------------------------------------------------------------ transformers and the CLI
@@ -301,9 +335,10 @@ def test_transformers_gpt2_plans_and_trains():
     plan = apply_checkpointing(model, (ids, ids), budget="75%", compare=False)
     assert plan.regions and "use_cache=False" in plan.message
     measured = measured_peak(model, (ids, ids))
-    # GPT-2's gelu_new is Python arithmetic: eager autograd's backward of it holds a few more
-    # temporaries than the captured backward (3% above even for plain autograd), so 6% here.
-    assert measured == pytest.approx(plan.predicted_peak_bytes, rel=0.06)
+    # GPT-2's gelu_new is Python arithmetic, whose MulBackward0 nodes hold both factors until
+    # both gradients exist, and CPU dropout keeps a float mask: both modelled (`eager_graph`),
+    # the prediction is within 1 KiB here (it was 4.3% below before).
+    assert measured == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
     assert measured < 0.85 * plan.store_all_peak_bytes
     losses = []
     for m in (model, reference):
@@ -323,11 +358,14 @@ def test_transformers_gpt2_plans_and_trains():
 
 def test_transformers_llama_predicted_peak_within_tolerance():
     """A small transformers Llama (SDPA attention, SwiGLU MLP, RMSNorm): the eager runtime's
-    predicted peak is within 2% of the measured one. Measured on CPU in float64 at 85%: +1.1%
-    (at 92% +1.0%; at 80% +3.6%). Plain autograd is 32 KiB (0.9%) above the simulated store-all
-    peak too: eager's peak is in an MLP's backward, where the MulBackward node of SwiGLU's
-    ``act(gate) * up`` makes both input gradients before either is consumed (the likely cause;
-    the captured backward may interleave them)."""
+    prediction is never below the measured peak, and within 2.5% of it. Measured on CPU in
+    float64: 2.09% above at 85%, 1.24% at 80%, 1.77% for plain autograd; the difference is
+    65,532 B at every budget: the two layers' causal masks (32 KiB each). Traced, transformers
+    builds the mask (``create_causal_mask`` cannot skip it while tracing); run eagerly, it
+    passes ``is_causal=True`` to SDPA instead, so the captured graph holds two masks eager
+    never makes. (Before eager autograd's release points were modelled,
+    `with_autograd_node_holds`, the prediction was 1.1% *below* the measurement: SwiGLU's
+    ``MulBackward0`` holds both factors until both gradients exist.)"""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
@@ -339,7 +377,7 @@ def test_transformers_llama_predicted_peak_within_tolerance():
     plan = apply_checkpointing(model, (ids, ids), budget="85%", compare=False, time_limit=2)
     assert plan.regions and plan.predicted_peak_bytes <= plan.budget_bytes
     measured = measured_peak(model, (ids, ids))
-    assert measured == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
+    assert 0 <= plan.predicted_peak_bytes - measured <= 0.025 * measured
     assert measured < 0.9 * plan.store_all_peak_bytes
 
 

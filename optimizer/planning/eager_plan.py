@@ -38,9 +38,12 @@ from optimizer.planning.planner import breakdown, module_summaries
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 
-OPTIONS = ("none", "matmuls", "all")
-"""Saved sets tried per region: nothing (plain checkpointing), the outputs of matmul-like ops
-(what hand-written SAC policies keep), every value the runtime can keep."""
+OPTIONS = ("none", "matmuls", "every-matmul", "all")
+"""Saved sets tried per region: nothing (plain checkpointing); the outputs of matmul-like ops
+that backward reads; every matmul-like output, read by backward or not (what a hand-written
+"save matmuls" SAC policy keeps: attention's score ``bmm`` is read only to recompute the softmax
+after it, so keeping it turns that recomputation from a matmul into a pointwise op, for its
+bytes); every value the runtime can keep."""
 
 MATMUL_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
               "aten._scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
@@ -166,8 +169,61 @@ def with_holds(graph: RematGraph, holds: Mapping[str, Sequence[str]]) -> RematGr
                       graph.backward_outputs, graph.cost_model, graph.name)
 
 
+NODE_HOLD = "eager_node::"
+
+
+def with_autograd_node_holds(graph: RematGraph, autograd_node: Mapping[str, object]) -> RematGraph:
+    """``graph`` with eager autograd's release points: the engine runs each backward formula
+    (``MulBackward0``: both input gradients) as one Node, and frees what it read (its saved
+    tensors, its incoming gradient) when the whole formula returns, not after the op that read
+    it last, as the captured graph's ops would.
+
+    ``autograd_node`` maps backward values to the id of the autograd Node that makes them (the
+    captured ops' ``seq_nr``). One zero-byte op per Node, ``eager_node::<id>``, right after its
+    last op, reads what the Node's ops read from outside it, so those values live to its end.
+    Only consecutive ops count as one Node: the engine's gradient accumulation (``add`` into an
+    input buffer) carries whatever ``seq_nr`` was current, not a Node of its own."""
+    runs: list[tuple[object, list[str]]] = []  # consecutive backward ops of one Node
+    for node in graph.ops:
+        if node.phase is not Phase.BACKWARD:
+            continue
+        key = autograd_node.get(node.name)
+        if runs and key is not None and runs[-1][0] == key:
+            runs[-1][1].append(node.name)
+        else:
+            runs.append((key, [node.name]))
+    members = {f"{key}.{i}": names for i, (key, names) in enumerate(runs)
+               if key is not None and len(names) > 1}
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    last_reader: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for inp in node.inputs:
+            last_reader[inp] = i
+    after: dict[str, Node] = {}
+    for key, names in members.items():
+        inside = set(names)
+        end = max(position[n] for n in names)
+        reads = tuple(dict.fromkeys(
+            i for n in names for i in graph[n].inputs
+            if i not in inside and graph[i].is_op and last_reader[i] < end))
+        if reads:
+            last = graph.nodes[end].name
+            after[last] = Node(f"{NODE_HOLD}{key}", NodeKind.OP, Phase.BACKWARD, 0, reads,
+                               group=f"{NODE_HOLD}{key}", mutates=True, module=graph[last].module,
+                               op="eager.node")
+    if not after:
+        return graph
+    out: list[Node] = []
+    for node in graph.nodes:
+        out.append(node)
+        if node.name in after:
+            out.append(after[node.name])
+    return RematGraph(tuple(out), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
 def is_hold(name: str) -> bool:
-    return name.startswith((HOLD, REHOLD))
+    return name.startswith((HOLD, REHOLD, NODE_HOLD))
 
 
 def within(module: str, path: str) -> bool:
@@ -211,6 +267,16 @@ class RegionModel:
                 self.pinned.update(g.group_of(name))
         self.options = {path: self._options(path) for path in regions}
 
+    def rerun_readers(self, path: str) -> set[str]:
+        """Values of the region that an op the region's recomputation reruns reads: keeping
+        one spares rerunning its op (only worth it for matmuls)."""
+        g = self.graph
+        values = self.regions[path]
+        inside_read = [self.order[v] for v in values
+                       if any(within(r.module, path) for r in self.backward_readers[v])]
+        last = max(inside_read, default=-1)
+        return {i for v in values if self.order[v] <= last for i in g[v].inputs}
+
     def _contiguous(self, values: tuple[str, ...]) -> bool:
         first, last = self.order[values[0]], self.order[values[-1]]
         return last - first + 1 == len(values)
@@ -223,15 +289,20 @@ class RegionModel:
                        if any(within(r.module, path) for r in self.backward_readers[v])}
         outside_read = {v for v in values
                         if any(not within(r.module, path) for r in self.backward_readers[v])}
+        rerun_read = self.rerun_readers(path)
         result: list[RegionOption] = []
         seen: set[tuple[str, ...]] = set()
         for option in OPTIONS:
             saved: set[str] = set()
             for v in values:
-                if v not in mappable or not self.backward_readers[v]:
+                if v not in mappable:
                     continue
-                op = g[v].op
-                if option == "all" or (option == "matmuls" and op.startswith(MATMUL_OPS)) \
+                matmul = g[v].op.startswith(MATMUL_OPS)
+                if option == "every-matmul" and matmul and v in rerun_read:
+                    saved.update(g.group_of(v))
+                if not self.backward_readers[v]:
+                    continue
+                if option == "all" or (option in ("matmuls", "every-matmul") and matmul) \
                         or (v in outside_read and v in inside_read):
                     saved.update(g.group_of(v))
             saved &= set(values)
@@ -262,10 +333,14 @@ class RegionModel:
                     recompute.append(v)
             cost = sum(g[v].cost for v in recompute) if dropped or saved else 0.0
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
+            # Kept values backward does not read are held longer than plain autograd holds them.
+            held_longer = sum(g[v].bytes for v in saved
+                              if not self.backward_readers[v] and v not in self.pinned)
             result.append(RegionOption(
                 path=path, option=option, saved=tuple(sorted(saved, key=g.position)),
                 dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
-                saving_bytes=sum(g[v].bytes for v in dropped), extra_cost=cost, extra_flops=flops))
+                saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
+                extra_cost=cost, extra_flops=flops))
         return [o for o in result if o.saving_bytes > 0]
 
     # ------------------------------------------------------------------ schedule
@@ -415,6 +490,22 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
     return best, tried
 
 
+def uniform_selections(model: RegionModel) -> list[Point]:
+    """Every region at one depth of the module tree with one saved-set option: the plans people
+    write by hand (``checkpoint`` on every block; a "save matmuls" SAC policy on every block).
+    The front keeps selections by boundary saving and cost alone, and the peak is not monotone
+    in either, so these are tried too: the plan returned is never worse than the best of them."""
+    points: list[Point] = []
+    depths = sorted({p.count(".") for p in model.regions})
+    for depth in depths:
+        paths = [p for p in model.regions if p.count(".") == depth]
+        for option in OPTIONS:
+            chosen = tuple(o for p in paths for o in model.options[p] if o.option == option)
+            if chosen:
+                points.append((sum(o.saving_bytes for o in chosen), sum(o.extra_cost for o in chosen), chosen))
+    return points
+
+
 def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget: int | str,
                 time_limit_s: float = 60.0) -> EagerSolution:
     """The cheapest selection of regions and saved sets whose simulated peak fits ``budget``.
@@ -450,6 +541,16 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         over.append(point)
         if time.perf_counter() - start > time_limit_s:
             break
+    for point in sorted(uniform_selections(model), key=lambda p: p[1]):
+        if best is not None and point[1] >= best[1][1]:
+            break
+        sim = model.evaluate(point[2])
+        tried += 1
+        if leanest is None or sim.peak_bytes < leanest[0]:
+            leanest = (sim.peak_bytes, point, sim)
+        if sim.peak_bytes <= budget_bytes:
+            best = (sim, point)
+            break
     if best is not None and bound is not None and best[1][1] > bound + 1e-15:
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
         best, more = _local_search(model, best, over, need, budget_bytes, deadline)
@@ -471,7 +572,7 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
     gap_note = ""
     status = "optimal" if bound is not None and point[1] <= bound + 1e-15 else "feasible"
     if status == "optimal":
-        gap_note = " (optimal among checkpointed regions with saved sets none/matmuls/all)"
+        gap_note = " (optimal among checkpointed regions with saved sets " + "/".join(OPTIONS) + ")"
     else:
         gap_note = (f"; {tried} selections simulated, the cheaper ones peaked over the budget "
                     "while recomputing; the bound counts only the boundary")
