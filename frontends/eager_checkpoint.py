@@ -129,13 +129,27 @@ class _Policy:
         return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def is_in_place(op: str) -> bool:
+    """``aten.add_.Tensor``: an overload that writes its first argument."""
+    parts = op.split(".")
+    return len(parts) == 3 and parts[1].endswith("_") and not parts[1].endswith("__")
+
+
 def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list | None = None):
     """checkpoint's ``context_fn``: a fresh policy per region call. A ``functools.partial`` of
-    this with constant arguments is what ``torch.compile`` accepts as a context_fn."""
+    this with constant arguments is what ``torch.compile`` accepts as a context_fn.
+
+    A region that keeps an in-place state update (BatchNorm's ``num_batches_tracked.add_(1)``,
+    kept so that the recomputation does not count the batch twice) turns off SAC's check that
+    kept tensors are not mutated: SAC records a kept tensor's version before the in-place op
+    bumps it, so the check would always fire. The planner only keeps such an op in a region
+    whose every in-place call is a kept state update (`frontends.eager_ops.candidates`), so
+    no other kept tensor can be mutated there."""
     policy = _Policy({op: frozenset(indices) for op, indices in save})
     if seen is not None:
         seen.append(policy)
-    return create_selective_checkpoint_contexts(policy)
+    return create_selective_checkpoint_contexts(
+        policy, allow_cache_entry_mutation=any(is_in_place(op) for op, _ in save))
 
 
 class CheckpointedForward:

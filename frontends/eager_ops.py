@@ -26,6 +26,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from frontends.capture import CapturedStep
 from frontends.costed_capture import capture_with_costs
+from frontends.eager_checkpoint import is_in_place
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.planning.eager_plan import RegionCandidate, with_autograd_node_holds, within
 
@@ -53,6 +54,31 @@ class EagerTrace:
 
     def region_ops(self, path: str) -> list[str]:
         return [op for op, stack in self.ops if path in stack]
+
+    @property
+    def overloads(self) -> frozenset[str]:
+        return frozenset(op for op, _ in self.ops)
+
+
+EAGER_BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
+                     "aten._batch_norm_with_update.default", "aten.cudnn_batch_norm.default",
+                     "aten.miopen_batch_norm.default")
+"""What eager runs for the captured ``_native_batch_norm_legit_functional`` in training (the
+running statistics updated in place), by device and version."""
+
+
+def eager_op_name(graph: RematGraph, name: str, overloads: frozenset[str]) -> str:
+    """The overload eager calls for graph value ``name``: its own, except for functionalized
+    state updates: batch norm's functional form, and a buffer update (``num_batches_tracked +
+    1``, captured as ``add``) that eager runs in place (``add_``)."""
+    op = graph[name].op
+    if op == "aten._native_batch_norm_legit_functional.default":
+        return next((e for e in EAGER_BATCH_NORMS if e in overloads), op)
+    if graph[name].mutates and name in graph.forward_outputs and name not in graph.user_outputs:
+        base, _, overload = op.rpartition(".")
+        if base.startswith("aten.") and not base.endswith("_") and f"{base}_.{overload}" in overloads:
+            return f"{base}_.{overload}"
+    return op
 
 
 class _Recorder(TorchDispatchMode):
@@ -183,15 +209,17 @@ def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> Re
                       graph.backward_outputs, graph.cost_model, graph.name)
 
 
-def region_keys(graph: RematGraph, path: str) -> dict[str, tuple[str, int]]:
-    """First value of each forward op group in the region -> (overload, index among its calls)."""
+def region_keys(graph: RematGraph, path: str, overloads: frozenset[str] = frozenset()) -> dict[str, tuple[str, int]]:
+    """First value of each forward op group in the region -> (the overload eager calls for it,
+    index among its calls); ``overloads``: those the eager trace saw (`eager_op_name`)."""
     counter: Counter[str] = Counter()
     keys: dict[str, tuple[str, int]] = {}
     for members in graph.groups.values():
         first = graph[members[0]]
         if first.phase is Phase.FORWARD and within(first.module, path):
-            keys[members[0]] = (first.op, counter[first.op])
-            counter[first.op] += 1
+            op = eager_op_name(graph, members[0], overloads)
+            keys[members[0]] = (op, counter[op])
+            counter[op] += 1
     return keys
 
 
@@ -205,21 +233,27 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
     for path, _module in root.named_modules():
         if not path or trace.calls.get(path) != 1:
             continue
-        keys = region_keys(graph, path)
+        keys = region_keys(graph, path, trace.overloads)
         if not keys:
             continue
         eager = Counter(region_ops.get(path, ()))
         graph_counts = Counter(op for op, _ in keys.values())
-        mappable = frozenset(
-            m for first, (op, _) in keys.items() if eager[op] == graph_counts[op]
-            for m in graph.group_of(first))
-        found.append(RegionCandidate(path, mappable))
+        mappable = {m for first, (op, _) in keys.items() if eager[op] == graph_counts[op]
+                    for m in graph.group_of(first)}
+        # A kept in-place state update turns off SAC's mutation check for the region
+        # (`eager_checkpoint._policy_contexts`): only safe when it is the region's only kind of
+        # in-place call; else its state updates are not mappable and the region is no candidate.
+        state_updates = {op for first, (op, _) in keys.items() if is_in_place(op)}
+        if any(is_in_place(op) and op not in state_updates for op in eager):
+            mappable -= {m for first, (op, _) in keys.items() if op in state_updates
+                         for m in graph.group_of(first)}
+        found.append(RegionCandidate(path, frozenset(mappable)))
     return found
 
 
 def mapping_summary(graph: RematGraph, trace: EagerTrace, path: str) -> tuple[int, int]:
     """(graph op groups in the region, how many of them line up with eager calls)."""
-    keys = region_keys(graph, path)
+    keys = region_keys(graph, path, trace.overloads)
     eager = Counter(trace.region_ops(path))
     graph_counts = Counter(op for op, _ in keys.values())
     return len(keys), sum(1 for op, _ in keys.values() if eager[op] == graph_counts[op])
@@ -230,7 +264,7 @@ def held_values(graph: RematGraph, trace: EagerTrace, found: list[RegionCandidat
     for `optimizer.planning.eager_plan.with_holds`."""
     holds: dict[str, tuple[str, ...]] = {}
     for cand in found:
-        keys = {key: name for name, key in region_keys(graph, cand.path).items()}
+        keys = {key: name for name, key in region_keys(graph, cand.path, trace.overloads).items()}
         held = []
         for key in trace.alive_at_return.get(cand.path, ()):
             name = keys.get(key)

@@ -62,7 +62,7 @@ def _policies(solution: EagerSolution, graph, trace: EagerTrace,
     mappable = {c.path: c.mappable for c in found}
     regions = []
     for choice in solution.choices:
-        keys = region_keys(graph, choice.path)
+        keys = region_keys(graph, choice.path, trace.overloads)
         save: dict[str, list[int]] = {}
         for name in choice.saved:
             if name in keys and name in mappable[choice.path]:

@@ -159,6 +159,50 @@ def test_gradients_equal_plain_autograd_float64():
     assert max_relative_error(grads, ref_grads) < 1e-10
 
 
+def test_batch_norm_blocks_are_checkpointed_and_update_statistics_once():
+    """examples/convnet.py (conv-BN-ReLU residual blocks, train mode): a block is checkpointed,
+    its batch norms kept by the policy so the recomputation neither reruns them nor counts the
+    batch again: gradients, running statistics and ``num_batches_tracked`` equal plain
+    autograd's after a step; the prediction holds."""
+    model, inputs = load_example("convnet")
+    model = model.double().train()
+    inputs = tuple(i.double() if i.is_floating_point() else i for i in inputs)
+    reference = copy.deepcopy(model)
+    plan = apply_checkpointing(model, inputs, budget="94%", compare=False, time_limit=5)
+    assert plan.regions and all(r.path.startswith("blocks.") for r in plan.regions)
+    assert any(op == "aten.add_.Tensor" for r in plan.regions for op, _ in r.save)
+    loss, grads = _grads(model, inputs)
+    ref_loss, ref_grads = _grads(reference, inputs)
+    assert torch.equal(loss, ref_loss)
+    assert max_relative_error(grads, ref_grads) < 1e-10
+    for (name, buf), ref in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(buf, ref), name
+    assert measured_peak(model, inputs) == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
+
+
+class InPlaceBlock(nn.Module):
+    """BatchNorm followed by an in-place ReLU: SAC could not keep the batch norm safely."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.bn, self.act = nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.bn(self.lin(x)))
+
+
+def test_a_block_with_other_in_place_ops_keeps_its_batch_norm_out_of_checkpoints():
+    torch.manual_seed(0)
+    model = nn.Sequential(InPlaceBlock(), InPlaceBlock(), nn.Linear(32, 1)).double()
+    x = torch.randn(64, 32, dtype=torch.float64)
+    captured = capture_for_eager(model, (x,), None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    found = {c.path: c for c in candidates(graph, trace_eager(model, (x,)), model)}
+    region_model = RegionModel(graph, list(found.values()))
+    assert "0" in found and "0" not in region_model.regions  # relu_ beside the state update
+    assert "0.lin" in region_model.regions  # the rest stays plannable
+
+
 def test_dropout_replays_under_the_same_seed(gpt_plan, tmp_path):
     _, inputs, _, path = gpt_plan
     model, _ = load_example("gpt", torch.float64)

@@ -238,15 +238,17 @@ class RegionModel:
         self.order = {name: i for i, name in enumerate(self.forward)}
         # Ops that update state (a buffer written back, a mutation) must run once, but a
         # checkpoint's recomputation would run them again (BatchNorm's running statistics would
-        # be updated twice, and a kept output can be mutated in place after it): modules that
-        # contain one are not candidates.
+        # be updated twice). A region may hold them only when its policy can keep every one
+        # (MUST_SAVE: the recomputation returns the kept outputs and does not rerun the op, so
+        # the statistics are updated once); `run_once` values are in every saved set.
         updates = set(graph.forward_outputs) - set(graph.user_outputs)
         run_once = {m for n in graph.ops if n.phase is Phase.FORWARD and not is_hold(n.name)
                     and (n.mutates or n.name in updates) for m in graph.group_of(n.name)}
+        self.run_once = run_once
         regions: dict[str, tuple[str, ...]] = {}
         for cand in candidates:
             values = tuple(v for v in self.forward if within(graph[v].module, cand.path))
-            if values and self._contiguous(values) and not run_once.intersection(values):
+            if values and self._contiguous(values) and run_once.intersection(values) <= cand.mappable:
                 regions[cand.path] = tuple(v for v in values if not is_hold(v))
         everything = {v for values in regions.values() for v in values}
         self.reholds = {p: f"{REHOLD}{p}" for p in regions if f"{REHOLD}{p}" in graph}
@@ -293,7 +295,7 @@ class RegionModel:
         result: list[RegionOption] = []
         seen: set[tuple[str, ...]] = set()
         for option in OPTIONS:
-            saved: set[str] = set()
+            saved: set[str] = self.run_once & set(values)
             for v in values:
                 if v not in mappable:
                     continue
