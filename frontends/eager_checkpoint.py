@@ -13,6 +13,7 @@ model (``fully_shard``, DDP): the plan names modules by their paths in the model
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.hf_training import cache_off_for_training
@@ -135,7 +137,49 @@ def is_in_place(op: str) -> bool:
     return len(parts) == 3 and parts[1].endswith("_") and not parts[1].endswith("__")
 
 
-def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list | None = None):
+EAGER_BATCH_NORMS = {"aten.native_batch_norm.default": 6, "aten._native_batch_norm_legit.default": 6,
+                     "aten._batch_norm_with_update.default": 5, "aten.cudnn_batch_norm.default": 6,
+                     "aten.miopen_batch_norm.default": 6}
+"""What eager runs for the captured ``_native_batch_norm_legit_functional`` in training (running
+statistics updated in place), by device and version -> the position of its momentum argument."""
+
+
+class _FrozenStatistics(TorchDispatchMode):
+    """Entered while a region recomputes: batch norm reruns with momentum 0, so its running
+    statistics get ``1 * running + 0 * batch``, bit for bit what they were (the batch's
+    normalization itself does not read them in training, and its outputs are the same)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        index = EAGER_BATCH_NORMS.get(str(func))
+        if index is not None and len(args) > index:
+            args = (*args[:index], 0.0, *args[index + 1:])
+        return func(*args, **(kwargs or {}))
+
+
+class _RecomputeWithFrozenStatistics:
+    """SAC's recompute context, and `_FrozenStatistics` inside it."""
+
+    def __init__(self, recompute: Any) -> None:
+        self._stack = contextlib.ExitStack()
+        self._recompute = recompute
+
+    def __enter__(self) -> None:
+        self._stack.enter_context(self._recompute)
+        self._stack.enter_context(_FrozenStatistics())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.__exit__(*exc)
+
+
+def recomputes_batch_norm(save: tuple[tuple[str, tuple[int, ...]], ...],
+                          expected_ops: tuple[tuple[str, int], ...]) -> bool:
+    """Whether a region reruns some batch norm call (the policy keeps fewer than it makes)."""
+    kept = dict(save)
+    return any(len(kept.get(op, ())) < n for op, n in expected_ops if op in EAGER_BATCH_NORMS)
+
+
+def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list | None = None,
+                     freeze_statistics: bool = False):
     """checkpoint's ``context_fn``: a fresh policy per region call. A ``functools.partial`` of
     this with constant arguments is what ``torch.compile`` accepts as a context_fn.
 
@@ -148,8 +192,11 @@ def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list |
     policy = _Policy({op: frozenset(indices) for op, indices in save})
     if seen is not None:
         seen.append(policy)
-    return create_selective_checkpoint_contexts(
+    forward, recompute = create_selective_checkpoint_contexts(
         policy, allow_cache_entry_mutation=any(is_in_place(op) for op, _ in save))
+    if freeze_statistics:
+        return forward, _RecomputeWithFrozenStatistics(recompute)
+    return forward, recompute
 
 
 class CheckpointedForward:
@@ -163,6 +210,7 @@ class CheckpointedForward:
         """The instance ``forward`` the module had before (None: its class's)."""
         self._save = {op: frozenset(idx) for op, idx in region.save}
         self._expected = dict(region.expected_ops)
+        self._freeze = recomputes_batch_norm(region.save, region.expected_ops)
         self._warned = False
 
     def _inner(self) -> Any:
@@ -180,11 +228,18 @@ class CheckpointedForward:
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         if torch.compiler.is_compiling():
+            if self._freeze:
+                raise RuntimeError(
+                    f"remat-opt: module {self.region.path!r} recomputes a BatchNorm, whose running "
+                    "statistics the eager runtime freezes while it reruns, which torch.compile "
+                    "cannot trace: compile the model without apply_checkpointing, or use "
+                    "remat_backend, which plans the compiled graph")
             return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
                               context_fn=functools.partial(_policy_contexts, self.region.save), **kwargs)
         seen: list[_Policy] = []
         out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
-                         context_fn=functools.partial(_policy_contexts, self.region.save, seen), **kwargs)
+                         context_fn=functools.partial(_policy_contexts, self.region.save, seen,
+                                                      self._freeze), **kwargs)
         if not self._warned and seen and seen[0].counts:
             counts = seen[0].counts
             differ = [op for op in self._save if counts.get(op, 0) != self._expected.get(op, 0)]

@@ -26,9 +26,9 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from frontends.capture import CapturedStep
 from frontends.costed_capture import capture_with_costs
-from frontends.eager_checkpoint import is_in_place
+from frontends.eager_checkpoint import EAGER_BATCH_NORMS, is_in_place
 from optimizer.ir.graph import Phase, RematGraph
-from optimizer.planning.eager_plan import RegionCandidate, with_autograd_node_holds, within
+from optimizer.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
 
 
 def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -58,13 +58,6 @@ class EagerTrace:
     @property
     def overloads(self) -> frozenset[str]:
         return frozenset(op for op, _ in self.ops)
-
-
-EAGER_BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
-                     "aten._batch_norm_with_update.default", "aten.cudnn_batch_norm.default",
-                     "aten.miopen_batch_norm.default")
-"""What eager runs for the captured ``_native_batch_norm_legit_functional`` in training (the
-running statistics updated in place), by device and version."""
 
 
 def eager_op_name(graph: RematGraph, name: str, overloads: frozenset[str]) -> str:
@@ -187,11 +180,12 @@ def _cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
 
 def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> RematGraph:
     """The graph as eager autograd runs it: each backward formula frees what it read when it
-    returns (`with_autograd_node_holds`, Nodes from the captured ops' ``seq_nr``); on CPU, eager
+    returns (`with_autograd_node_holds`, Nodes from the captured ops' ``seq_nr``); a batch norm's
+    new running statistics are their own values (`split_batch_norm_statistics`); on CPU, eager
     dropout keeps a mask of the input's dtype (``bernoulli_`` into ``empty_like``), not the
     fused kernel's bool mask."""
     autograd_node = {n.name: n.meta["seq_nr"] for n in gm.graph.nodes if n.meta.get("seq_nr") is not None}
-    graph = with_autograd_node_holds(graph, autograd_node)
+    graph = split_batch_norm_statistics(with_autograd_node_holds(graph, autograd_node))
     if not on_cpu:
         return graph
     nodes = list(graph.nodes)
@@ -203,6 +197,28 @@ def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> Re
             if nodes[mask].bytes != first.bytes:
                 nodes[mask] = dataclasses.replace(nodes[mask], bytes=first.bytes)
                 changed = True
+    if not changed:
+        return graph
+    return RematGraph(tuple(nodes), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+def split_batch_norm_statistics(graph: RematGraph) -> RematGraph:
+    """``_native_batch_norm_legit_functional`` returns (out, mean, rstd, new running mean, new
+    running var); the eager runtime reruns batch norm with its statistics frozen
+    (`eager_checkpoint._FrozenStatistics`), so a rerun makes the first three again and leaves
+    the statistics as forward made them: the last two become a group of their own,
+    `STATISTICS_OP`, computed once in forward and free of cost."""
+    nodes = list(graph.nodes)
+    changed = False
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.op == "aten._native_batch_norm_legit_functional.default" and len(members) == 5:
+            for name in members[3:]:
+                i = graph.position(name)
+                nodes[i] = dataclasses.replace(nodes[i], group=f"{members[3]}::statistics",
+                                               op=STATISTICS_OP, cost=0.0, flops=0.0)
+            changed = True
     if not changed:
         return graph
     return RematGraph(tuple(nodes), graph.forward_outputs, graph.user_outputs,

@@ -19,6 +19,7 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak
 from torch import nn
 
+from frontends.eager_checkpoint import recomputes_batch_norm
 from frontends.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
 from frontends.eager_runtime import (
     CheckpointPlanError,
@@ -160,16 +161,16 @@ def test_gradients_equal_plain_autograd_float64():
 
 
 def test_batch_norm_blocks_are_checkpointed_and_update_statistics_once():
-    """examples/convnet.py (conv-BN-ReLU residual blocks, train mode): a block is checkpointed,
-    its batch norms kept by the policy so the recomputation neither reruns them nor counts the
-    batch again: gradients, running statistics and ``num_batches_tracked`` equal plain
-    autograd's after a step; the prediction holds."""
+    """examples/convnet.py (conv-BN-ReLU residual blocks, train mode) at 85%: regions rerun
+    their batch norms with the statistics frozen (momentum 0) and keep ``num_batches_tracked``'s
+    ``add_``, so gradients, running statistics and the batch count equal plain autograd's after
+    a step, bit for bit; the prediction holds."""
     model, inputs = load_example("convnet")
     model = model.double().train()
     inputs = tuple(i.double() if i.is_floating_point() else i for i in inputs)
     reference = copy.deepcopy(model)
-    plan = apply_checkpointing(model, inputs, budget="94%", compare=False, time_limit=5)
-    assert plan.regions and all(r.path.startswith("blocks.") for r in plan.regions)
+    plan = apply_checkpointing(model, inputs, budget="85%", compare=False, time_limit=5)
+    assert any(recomputes_batch_norm(r.save, r.expected_ops) for r in plan.regions)
     assert any(op == "aten.add_.Tensor" for r in plan.regions for op, _ in r.save)
     loss, grads = _grads(model, inputs)
     ref_loss, ref_grads = _grads(reference, inputs)

@@ -117,6 +117,11 @@ def replayable_graph(graph: RematGraph, values: Iterable[str]) -> RematGraph:
                       graph.cost_model, graph.name)
 
 
+STATISTICS_OP = "eager.batch_norm_statistics"
+"""Running statistics a batch norm updates in forward, as a value of their own: the eager
+runtime reruns batch norm with its statistics frozen, so they are made once, in forward, and a
+region may recompute the batch norm itself."""
+
 HOLD = "eager_hold::"
 REHOLD = "eager_rehold::"
 
@@ -243,6 +248,7 @@ class RegionModel:
         # the statistics are updated once); `run_once` values are in every saved set.
         updates = set(graph.forward_outputs) - set(graph.user_outputs)
         run_once = {m for n in graph.ops if n.phase is Phase.FORWARD and not is_hold(n.name)
+                    and n.op != STATISTICS_OP
                     and (n.mutates or n.name in updates) for m in graph.group_of(n.name)}
         self.run_once = run_once
         regions: dict[str, tuple[str, ...]] = {}
