@@ -44,6 +44,8 @@ from frontends.hf_training import (
     explain_unsupported_value,
 )
 from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, state_device_bytes
+from frontends.row_split import RowSplit, check_chunks
+from frontends.row_split import split_rows as split_head_rows
 from frontends.sharding import check_no_sharded_submodules
 from frontends.symbolic_sizes import SymbolSizes, UnplannableSize
 from frontends.user_code import is_user_file
@@ -78,6 +80,8 @@ class CapturedStep:
     """Keyword values traced in place of the caller's (``use_cache=False``, see `frontends.hf_training`)."""
     notes: tuple[str, ...] = ()
     """What capture changed about the step, for the plan's message (said once)."""
+    row_splits: tuple[RowSplit, ...] = ()
+    """Head-and-loss chains split into row chunks (``split_rows``, see `frontends.row_split`)."""
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -92,6 +96,7 @@ def capture(
     grad_outputs: str = "losses",
     python_side_effects: str | None = None,
     replay_random: bool = True,
+    split_rows: int = 1,
 ) -> CapturedStep:
     """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
 
@@ -102,17 +107,20 @@ def capture(
     forward does in Python what the graph cannot replay, ``"ignore"`` plans with the values of
     capture time (see `frontends.forward_guards`). ``replay_random`` (default) lets the plan
     recompute random ops such as dropout by replaying their generator state (see
-    `frontends.rng_replay`); False keeps every random output, as before.
+    `frontends.rng_replay`); False keeps every random output, as before. ``split_rows=k > 1``
+    runs each LM head and its loss in k chunks of token rows (`frontends.row_split`; raises
+    `frontends.row_split.RowSplitError` where there is no such chain or it is not per-row).
     """
     kwargs = dict(kwargs or {})
     check_grad_outputs(grad_outputs)
+    check_chunks(split_rows)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
     check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
     with cache_off_for_training(model, kwargs) as cache_off, forward_guards(  # both restore on exit
             model, tuple(args), cache_off.kwargs, python_side_effects, UnreplayableForwardError) as guard, \
             refuse_custom_functions(UnreplayableForwardError):  # their backward would be lost
-        joint, gradient_free = _trace(model, tuple(args), cache_off.kwargs, grad_outputs)
+        joint, gradient_free, splits = _trace(model, tuple(args), cache_off.kwargs, grad_outputs, split_rows)
         guard.check_graph(joint.graph_module)
     untie_batch_norm_backward(joint.graph_module)
     if replay_random:
@@ -128,12 +136,14 @@ def capture(
         cost_model=cost_model,
         gradient_free_outputs=gradient_free,
         kwarg_overrides=tuple(cache_off.kwarg_overrides.items()),
-        notes=cache_off.notes,
+        notes=cache_off.notes + tuple(split.describe() for split in splits),
+        row_splits=splits,
     )
 
 
-def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str):
-    """torch.export, the forward passes of `frontends.export_passes`, then AOTAutograd's joint."""
+def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str, split_rows: int = 1):
+    """torch.export, the forward passes of `frontends.export_passes` (and the row split of
+    `frontends.row_split`), then AOTAutograd's joint."""
     if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
         try:
             model, args, kwargs = fakify_meta(model, tuple(args), kwargs)
@@ -149,6 +159,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str)
             raise CaptureError(_explain_trace_failure(err)) from err
         forward = exported.module()
         drop_identity_dropouts(forward)
+        splits = split_head_rows(forward, split_rows)  # before detaching: it reads the loss outputs
         gradient_free = detach_gradient_free_outputs(forward, grad_outputs)
         with contextlib.ExitStack() as stack:
             try:
@@ -157,7 +168,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str)
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
-    return joint, gradient_free
+    return joint, gradient_free, splits
 
 
 @contextlib.contextmanager

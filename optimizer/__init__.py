@@ -22,7 +22,7 @@ __all__ = [
     "RematGraph", "Schedule", "simulate", "InfeasibleBudgetError", "SolverOptions",
     "SolveStatus", "RematModule", "remat_backend", "find_graph_breaks", "DataParallelConfig",
     "plan_for_rank", "rank_breakdown", "apply_checkpointing", "remove_checkpointing",
-    "load_checkpointing", "save_checkpointing_plan", "CheckpointPlan",
+    "load_checkpointing", "save_checkpointing_plan", "CheckpointPlan", "RowSplitError",
 ]
 
 _EXPORTS = {
@@ -42,6 +42,7 @@ _EXPORTS = {
     "load_checkpointing": "frontends.eager_checkpoint",
     "save_checkpointing_plan": "frontends.eager_checkpoint",
     "CheckpointPlan": "frontends.eager_checkpoint",
+    "RowSplitError": "frontends.row_split",
 }
 
 

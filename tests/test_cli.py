@@ -190,3 +190,13 @@ def test_meta_plans_from_shapes_alone_with_the_same_bytes_as_a_real_capture(tmp_
         assert planned_meta[field] == planned_real[field], field
     assert main([example_path("gpt2"), "--budget", "85%", "--meta", "--measure"]) == EXIT_USAGE
     assert "--measure needs a model that runs" in capsys.readouterr().err
+
+
+def test_split_flag_bad_value_and_a_model_without_a_head_are_usage_errors(capsys):
+    """``--split x`` and a split asked of a model with no LM head + loss chain (the MLP example)
+    are one-line usage errors, before or instead of a plan."""
+    assert main([example_path("mlp"), "--budget", "90%", "--split", "x"]) == EXIT_USAGE
+    assert "--split takes a positive number" in capsys.readouterr().err
+    assert main([example_path("mlp"), "--budget", "90%", "--split", "2"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--split:" in err and "Traceback" not in err

@@ -9,6 +9,7 @@ import torch
 from frontends.capture import CapturedStep, capture
 from frontends.costed_capture import capture_with_costs
 from frontends.remat_module import RematModule, ShapePolicy
+from optimizer.app.split_plan import check_split, chunks_of, plan_with_split
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes
 from optimizer.ir.plan import Plan
@@ -33,6 +34,7 @@ def optimize(
     python_side_effects: str = "error",
     static: bool = False,
     on_larger: str = "error",
+    split: str | int | None = None,
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -61,16 +63,22 @@ def optimize(
     one. A larger input raises `frontends.remat_module.InputMismatchError` naming the planned
     sizes (``on_larger="error"``) or is planned afresh at ``budget`` (``"replan"``); the last 8
     sizes are kept. ``static=True`` runs the planned sizes only.
+
+    ``split`` (README "Splitting huge ops"): ``k`` runs the LM head and its loss in k chunks of
+    token rows, so the whole logits, log-softmax and gradient no longer set the memory floor
+    (`frontends.row_split`); ``"auto"`` plans k in `optimizer.app.split_plan.SPLIT_CHOICES` and
+    keeps the cheapest plan that fits (the message says which k); None (default): no split.
     """
     example_inputs = _as_tuple(example_inputs)
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     ShapePolicy(on_larger=on_larger)  # a bad on_larger fails before the (slow) capture
     captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
-                                       options, cost_model, allocator, grad_outputs, python_side_effects)
+                                       options, cost_model, allocator, grad_outputs, python_side_effects,
+                                       split)
 
     def recapture(args: tuple, kwargs: dict) -> CapturedStep:
         return capture(model, args, kwargs, cost_model=captured.cost_model, grad_outputs=grad_outputs,
-                       python_side_effects=python_side_effects)
+                       python_side_effects=python_side_effects, split_rows=chunks_of(captured))
 
     def replan(larger: CapturedStep) -> Plan:
         return plan_graph(larger.graph, budget, solver, options,
@@ -88,14 +96,26 @@ def _as_tuple(example_inputs) -> tuple:
 def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
                       solver: str, options: SolverOptions, cost_model: str,
                       allocator: AllocatorModel | None, grad_outputs: str = "losses",
-                      python_side_effects: str | None = None):
-    """Capture the step and plan it; a malformed budget fails before the (slow) capture."""
+                      python_side_effects: str | None = None, split: str | int | None = None):
+    """Capture the step and plan it (for each row split asked for: see `optimizer.app.split_plan`);
+    a malformed budget or split fails before the (slow) capture."""
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
         parse_bytes(budget)
-    captured = capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs,
-                                  python_side_effects)
-    plan = plan_graph(captured.graph, budget, solver, options,
-                      graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
+    check_split(split)
+
+    def capture_split(chunks: int) -> CapturedStep:
+        return capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs,
+                                  python_side_effects, split_rows=chunks)
+
+    def plan_captured(captured: CapturedStep, budget_or_bytes) -> Plan:
+        return plan_graph(captured.graph, budget_or_bytes, solver, options,
+                          graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
+
+    if split is None:
+        captured = capture_split(1)
+        plan = plan_captured(captured, budget)
+    else:
+        captured, plan = plan_with_split(capture_split, plan_captured, budget, split, allocator)
     if captured.notes:  # what capture changed about the step (use_cache=False), said once
         plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, *captured.notes))))
     return captured, plan
@@ -116,8 +136,9 @@ def plan_only(
     milp_engine: str = "auto",
     grad_outputs: str = "losses",
     python_side_effects: str = "error",
+    split: str | int | None = None,
 ) -> Plan:
     """The plan `optimize` would make, without building the module (what-if use)."""
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
-                             options, cost_model, allocator, grad_outputs, python_side_effects)[1]
+                             options, cost_model, allocator, grad_outputs, python_side_effects, split)[1]

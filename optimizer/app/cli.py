@@ -106,6 +106,10 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")
     parser.add_argument("--json", metavar="FILE", help="write the plan as JSON (same field names as Plan)")
+    parser.add_argument("--split", default=None, metavar="K|auto",
+                        help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
+                             "4, 8 and keep the cheapest plan that fits), so the whole logits no "
+                             "longer set the memory floor; README 'Splitting huge ops'")
     parser.add_argument("--runtime", choices=("graph", "eager"), default="graph",
                         help="graph (default): run the plan as rewritten graphs (optimize); eager: "
                              "plan torch.utils.checkpoint regions with selective-checkpoint policies "
@@ -217,11 +221,14 @@ def _side_effects_policy(args: argparse.Namespace):
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
+    from frontends.row_split import RowSplitError
 
     try:
         yield
     except CaptureError as err:
         raise CliError(str(err), EXIT_TRACE) from None
+    except RowSplitError as err:
+        raise CliError(f"--split: {err}", EXIT_USAGE) from None
     except InfeasibleBudgetError as err:
         hint = ""
         if err.smallest_feasible_bytes is not None:
@@ -233,6 +240,14 @@ def _planning_errors(budget: str | int):
         raise CliError(f"budget {format_bytes(err.budget_bytes)} is too small{hint}", EXIT_INFEASIBLE) from None
     except SolverUnavailableError as err:
         raise CliError(str(err), EXIT_SOLVER) from None
+
+
+def _split(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise CliError(f"--split takes a positive number of row chunks or 'auto', got {text!r}", EXIT_USAGE)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -261,7 +276,7 @@ def run(args: argparse.Namespace) -> str:
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
                           milp_engine=args.milp_engine, grad_outputs=args.grad_outputs,
-                          python_side_effects=args.python_side_effects)
+                          python_side_effects=args.python_side_effects, split=_split(args.split))
     plan = module.plan
     measured = None
     if args.measure:
