@@ -536,28 +536,28 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
     best: tuple[SimulationResult, Point] | None = None
     leanest: tuple[int, Point, SimulationResult] | None = None
     over: list[Point] = []  # cheaper selections that peaked over the budget while recomputing
-    for point in sorted(front, key=lambda p: p[1]):
-        if point[0] < need:
-            continue
+
+    def fits(point: Point) -> bool:
+        """Simulate ``point``; keep it as the incumbent when it fits."""
+        nonlocal tried, best, leanest
         sim = model.evaluate(point[2])
         tried += 1
         if leanest is None or sim.peak_bytes < leanest[0]:
             leanest = (sim.peak_bytes, point, sim)
         if sim.peak_bytes <= budget_bytes:
             best = (sim, point)
+        return best is not None and best[1] is point
+
+    for point in sorted(front, key=lambda p: p[1]):
+        if point[0] < need:
+            continue
+        if fits(point):
             break
         over.append(point)
         if time.perf_counter() - start > time_limit_s:
             break
     for point in sorted(uniform_selections(model), key=lambda p: p[1]):
-        if best is not None and point[1] >= best[1][1]:
-            break
-        sim = model.evaluate(point[2])
-        tried += 1
-        if leanest is None or sim.peak_bytes < leanest[0]:
-            leanest = (sim.peak_bytes, point, sim)
-        if sim.peak_bytes <= budget_bytes:
-            best = (sim, point)
+        if (best is not None and point[1] >= best[1][1]) or fits(point):
             break
     if best is not None and bound is not None and best[1][1] > bound + 1e-15:
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
