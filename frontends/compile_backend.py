@@ -11,7 +11,10 @@ passes run first and we plan the graph it compiles), or to eager fx code (``comp
 Inductor fuses pointwise ops and reuses buffers, so the plan's peak (unfused aten ops) bounds the
 compiled step from above; as Inductor compiles each half, the backend reads the buffer plan of
 the code it generated (`frontends.inductor_memory`) and records the compiled step's own peak in
-``GraphPlan.compiled_peak`` (and in the graph's footprint, so `summary` uses it).
+``GraphPlan.compiled_peak`` (and in the graph's footprint, so `summary` uses it). With
+``fit="inductor"`` the backend spends that gap: it re-plans each graph at larger planning budgets,
+probing each candidate's compiled peak with a trial Inductor compile that stops at the buffer plan,
+and keeps the cheapest plan whose compiled peak meets the budget (`frontends.inductor_fit`).
 
 Graph breaks give several graphs per step; `optimizer.planning.graph_budget` says how the step's budget is
 shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
@@ -26,6 +29,7 @@ import dataclasses
 import inspect
 import os
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +45,12 @@ from frontends.dynamo_joint import (
     mark_parameters,
 )
 from frontends.export_passes import untie_batch_norm_backward
+from frontends.inductor_fit import FITS, InductorFit, fit_plan
 from frontends.inductor_memory import (
     CompiledPeak,
     WrapperMemoryPlan,
     predict_compiled_peak,
+    probe_compiled_peak,
     recording_wrapper_plans,
 )
 from frontends.remat_module import boxed
@@ -60,7 +66,7 @@ from optimizer.planning.graph_budget import (
     graph_budget,
     summarize,
 )
-from optimizer.planning.planner import plan_graph
+from optimizer.planning.planner import plan_graph, store_all_peak_bytes
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 
@@ -92,6 +98,14 @@ class GraphPlan:
     with the eager compiler (its peak is ``plan.predicted_peak_bytes``) and until both halves
     are compiled."""
     inductor_forward: WrapperMemoryPlan | None = dataclasses.field(default=None, repr=False, compare=False)
+    fit: InductorFit | None = None
+    """``fit="inductor"``: the planning budgets tried, their compiled peaks and costs, and
+    which plan was kept (``plan.budget_bytes`` is then its planning budget)."""
+
+    @property
+    def graph_budget_bytes(self) -> int:
+        """This graph's budget in bytes (a percentage resolved; not the fit's planning budget)."""
+        return self.fit.budget_bytes if self.fit else self.plan.budget_bytes
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -117,7 +131,8 @@ class RematBackend:
     def __init__(self, budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
                  compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                  threads: int = 1, allocator: AllocatorModel | None = None,
-                 milp_engine: str = "auto"):
+                 milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
+                 fit_tolerance: float = 0.02):
         self.percent = isinstance(budget, str) and budget.strip().endswith("%")
         if self.percent:
             resolve_budget(budget, 1)  # a malformed budget fails here, not in the middle of a compile
@@ -132,6 +147,22 @@ class RematBackend:
         cost_model_from_name(cost_model)
         if compiler == "auto":
             compiler = "inductor" if inductor_available() else "eager"
+        if fit is not None:
+            if fit not in FITS:
+                raise ValueError(f"unknown fit {fit!r}: choose one of {', '.join(FITS)} or None")
+            if compiler != "inductor":
+                raise ValueError("fit='inductor' fits the plan to Inductor's buffer plan: it needs "
+                                 "compiler='inductor' (and a C++ compiler for Inductor)")
+            if allocator is not None:
+                raise ValueError("fit='inductor' counts Inductor's buffers without an allocator model: "
+                                 "pass allocator=None, or fit=None to plan with the allocator")
+            if fit_iterations < 1:
+                raise ValueError(f"fit_iterations must be at least 1, got {fit_iterations}")
+            if not 0 <= fit_tolerance < 1:
+                raise ValueError(f"fit_tolerance must be in [0, 1), got {fit_tolerance}")
+        self.fit = fit
+        self.fit_iterations = fit_iterations
+        self.fit_tolerance = fit_tolerance
         self.compiler = compiler
         self.solver = solver
         self.options = SolverOptions(time_limit_s=time_limit, threads=threads, milp_engine=milp_engine)
@@ -200,6 +231,12 @@ class RematBackend:
                 return
             footprint = dataclasses.replace(planned.footprint, peak_bytes=compiled.predicted_peak_bytes)
             self.plans[index] = dataclasses.replace(planned, compiled_peak=compiled, footprint=footprint)
+            fit = planned.fit
+            if fit is not None and compiled.predicted_peak_bytes > fit.budget_bytes:
+                warnings.warn(f"graph {index}: Inductor compiled the fitted plan to a {compiled.predicted_peak_bytes}-"
+                              f"byte peak, above its {fit.budget_bytes}-byte budget (the fit's probe predicted "
+                              f"{fit.compiled_peak_bytes}): this torch's Inductor differs from the probe; use "
+                              "fit=None", RuntimeWarning, stacklevel=2)
 
     def _eager(self, role: str):
         def compiler(gm: torch.fx.GraphModule, example_inputs) -> Any:
@@ -236,20 +273,44 @@ class RematBackend:
         if not self.percent and budget <= 0:
             raise ValueError(f"the graphs before this one already hold {self.budget - budget} bytes of a "
                              f"{self.budget}-byte step budget: raise the budget or remove graph breaks")
-        plan = plan_graph(graph, budget, self.solver, self.options,
-                          graph_nodes=len(joint_module.graph.nodes), allocator=self.allocator)
         captured = CapturedStep(joint=types.SimpleNamespace(graph_module=joint_module), graph=graph,
                                 value_of=value_of, num_fwd_outputs=n_fwd, param_names=(),
                                 buffer_names=(), cost_model=cost_model)
-        fw, bw = partition_by_schedule(captured, plan.schedule)(
-            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+        def plan_at(planning_budget: int | str) -> Plan:
+            return plan_graph(graph, planning_budget, self.solver, self.options,
+                              graph_nodes=len(joint_module.graph.nodes), allocator=self.allocator)
+
+        def split(plan: Plan):
+            return partition_by_schedule(captured, plan.schedule)(
+                joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+        fit = None
+        if self.fit is None:
+            plan = plan_at(budget)
+        else:
+            target = resolve_budget(budget, store_all_peak_bytes(graph, AllocatorModel(block_bytes=1)))
+            plan, fit = fit_plan(target, plan_at, lambda p: self._probe(split(p), graph, num_fwd_outputs,
+                                                                        static_lifetime_input_indices),
+                                 iterations=self.fit_iterations, tolerance=self.fit_tolerance)
+        fw, bw = split(plan)
         fw.meta[_PLAN_KEY] = bw.meta[_PLAN_KEY] = compile_id  # Inductor's compile finds the plan by it
         self.plans.append(GraphPlan(
             index=len(self.plans), compile_id=compile_id,
             budget_bytes=budget, plan=plan, graph=graph,
             footprint=graph_footprint(graph, plan, joint_module, value_of, static_lifetime_input_indices or []),
-            forward_graph=fw, backward_graph=bw))
+            forward_graph=fw, backward_graph=bw, fit=fit))
         return fw, bw
+
+    @staticmethod
+    def _probe(pair, graph: RematGraph, num_fwd_outputs: int, static_inputs: list[int]) -> int | None:
+        """The compiled peak of a candidate forward/backward pair (`probe_compiled_peak`)."""
+        context = torch._guards.TracingContext.try_get()
+        metadata = getattr(context, "fw_metadata", None)
+        peak = probe_compiled_peak(*pair, graph.resident_bytes, num_fwd_outputs=num_fwd_outputs,
+                                   mutated_inputs=getattr(metadata, "num_mutated_inp_runtime_indices", 0) or 0,
+                                   static_input_idxs=static_inputs)
+        return peak.predicted_peak_bytes if peak is not None else None
 
     def _note_frame(self) -> str:
         """Dynamo's compile id ('frame/recompile') of the graph being planned; a new frame in
@@ -277,10 +338,19 @@ class RematBackend:
 
     # ------------------------------------------------------------------ reports
     def summary(self) -> StepBudgetSummary:
-        """How the step's budget was shared by the graphs planned so far (see graph_budget)."""
+        """How the step's budget was shared by the graphs planned so far (see graph_budget), the
+        compiled peak against it (Inductor's buffer plans), the recomputation the plans spend
+        and what the Inductor fit tried."""
+        fits = [p.fit for p in self.plans if p.fit is not None]
         return summarize(None if self.percent else self.budget,
-                         [p.budget_bytes for p in self.plans if isinstance(p.budget_bytes, int)],
-                         [p.footprint for p in self.plans])
+                         [p.graph_budget_bytes for p in self.plans],
+                         [p.footprint for p in self.plans],
+                         compiled=bool(self.plans) and all(p.compiled_peak is not None for p in self.plans),
+                         extra_flops=sum(p.plan.extra_flops for p in self.plans),
+                         extra_time_s=sum(p.plan.extra_time_s for p in self.plans),
+                         fit_iterations=[len(p.fit.iterations) if p.fit else 0 for p in self.plans],
+                         fit_probes=sum(f.probes for f in fits),
+                         fit_seconds=sum(f.seconds for f in fits))
 
     @property
     def graph_breaks(self) -> int:
@@ -359,27 +429,33 @@ class RematPartitioner(_partitioner_base()):
         here = os.path.dirname(os.path.abspath(__file__))
         root = os.path.dirname(here)
         files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py",
-                                                 "dynamo_joint.py")]
+                                                 "dynamo_joint.py", "inductor_fit.py", "inductor_memory.py")]
         files += [os.path.join(root, "optimizer", f) for f in ("planner.py", "simulator.py")]
         b = self.backend
         settings = (b.budget, b.solver, b.options, b.cost_model_name, b.allocator,
-                    tuple(p.footprint for p in b.plans))
+                    b.fit, b.fit_iterations, b.fit_tolerance, tuple(p.footprint for p in b.plans))
         return get_hash_for_files(tuple(files)).hex() + repr(settings)
 
 
 def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float = 60.0,
                   compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                   threads: int = 1, allocator: AllocatorModel | None = None,
-                  milp_engine: str = "auto") -> RematBackend:
+                  milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
+                  fit_tolerance: float = 0.02) -> RematBackend:
     """A backend for ``torch.compile(model, backend=remat_backend(budget="60%"))``.
 
     ``budget``: bytes of the whole training step as in `optimizer.optimize` (parameters,
     gradients, inputs, activations), or a percentage, which applies to each graph's own
     plain-autograd peak. ``compiler``: ``inductor`` (the default when a C++ compiler is
     present), ``eager`` (fx code; what `backend.meter` measures) or ``auto``. ``fullgraph``:
-    refuse graph breaks (the exact mode). ``backend.plans`` lists the plans made;
-    ``backend.summary()`` says how the budget was split across graph breaks.
+    refuse graph breaks (the exact mode). ``fit="inductor"``: re-plan each graph (at most
+    ``fit_iterations`` plans, each probed by a trial Inductor compile that stops at the buffer
+    plan) until its compiled peak is within ``fit_tolerance`` under its budget, keeping the
+    cheapest plan that fits (`frontends.inductor_fit`). ``backend.plans`` lists the plans made;
+    ``backend.summary()`` says how the budget was split across graph breaks, the compiled peak,
+    the budget left unused, the recomputation bought and the fit iterations.
     """
     return RematBackend(budget, solver=solver, time_limit=time_limit, compiler=compiler,
                         cost_model=cost_model, fullgraph=fullgraph, threads=threads,
-                        allocator=allocator, milp_engine=milp_engine)
+                        allocator=allocator, milp_engine=milp_engine, fit=fit,
+                        fit_iterations=fit_iterations, fit_tolerance=fit_tolerance)

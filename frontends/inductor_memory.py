@@ -19,14 +19,21 @@ way they run in a step, exactly as the simulator combines an eager plan:
 
 Storage identity is tracked by name through reuse and alias lines, so a freed name whose storage
 lives on under another name frees nothing.
+
+`probe_compiled_peak` gets the same prediction for a forward/backward pair that is not going to
+run (a candidate plan, `frontends.inductor_fit`): Inductor lowers, fuses and schedules both graphs
+and plans their buffers, then the compile stops before any kernel is built or loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import types
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -252,3 +259,133 @@ def recording_wrapper_plans(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
         yield
     finally:
         PythonWrapperCodegen.memory_plan_reuse = original
+
+
+# --------------------------------------------------------------------- probing a candidate plan
+class _BufferPlanRead(Exception):
+    """Raised right after Inductor planned a probed graph's buffers: the rest of the compile
+    (kernel source assembly, C++ builds, loading) is not needed for the prediction."""
+
+
+@contextlib.contextmanager
+def _stopping_after_buffer_plan(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen  # heavy: Inductor, imported only on its path
+    from torch._inductor.virtualized import V  # heavy: Inductor, imported only on its path
+
+    original = PythonWrapperCodegen.memory_plan_reuse
+
+    def memory_plan_reuse(self: Any) -> None:
+        original(self)
+        sink.append(_plan_of(self, V.graph))
+        raise _BufferPlanRead
+
+    PythonWrapperCodegen.memory_plan_reuse = memory_plan_reuse
+    try:
+        yield
+    finally:
+        PythonWrapperCodegen.memory_plan_reuse = original
+
+
+def _stopped_by_probe(err: BaseException | None) -> bool:
+    """Inductor wraps what its compile raises (``InductorError``): look through the chain."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, _BufferPlanRead):
+            return True
+        err = getattr(err, "inner_exception", None) or err.__cause__ or err.__context__
+        seen += 1
+    return False
+
+
+def _example_inputs(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+
+def _buffer_plan_of(gm: torch.fx.GraphModule, *, is_backward: bool,
+                    static_input_idxs: Sequence[int]) -> WrapperMemoryPlan | None:
+    from torch._inductor.compile_fx import compile_fx_inner  # heavy: Inductor, imported only on its path
+
+    sink: list[WrapperMemoryPlan] = []
+    try:
+        with _stopping_after_buffer_plan(sink):
+            compile_fx_inner(gm, _example_inputs(gm), is_backward=is_backward,
+                             static_input_idxs=list(static_input_idxs))
+    except Exception as err:  # the probe's own stop, or a wrapper this reader does not know
+        if not _stopped_by_probe(err) and not isinstance(err, _UNREADABLE):
+            raise
+    return sink[-1] if sink else None
+
+
+def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule,
+                             num_fwd_outputs: int) -> list[int] | None:
+    """The backward inputs AOTAutograd donates (saved activations no one else holds: Inductor may
+    reuse their storage), computed as AOTAutograd does right after partitioning (None: off)."""
+    from torch._functorch import config as functorch_config  # heavy: AOTAutograd, imported only on its path
+    from torch._functorch._aot_autograd.graph_compile import collect_bw_donated_buffer_idxs  # heavy: as above
+
+    if not functorch_config.donated_buffer:
+        return None
+    outputs = list(forward.graph.find_nodes(op="output")[0].args[0])
+    saved = outputs[num_fwd_outputs:]
+    symints = sum(1 for n in saved if isinstance(n, torch.fx.Node)
+                  and not isinstance(n.meta.get("val"), torch.Tensor))
+    counts = types.SimpleNamespace(num_forward=num_fwd_outputs, num_symints_saved_for_bw=symints,
+                                   tensors_saved_for_backwards_slice=slice(
+                                       num_fwd_outputs, len(outputs) - symints))
+    return collect_bw_donated_buffer_idxs(forward, backward, counts)
+
+
+@contextlib.contextmanager
+def _donating(donated: list[int] | None) -> Iterator[None]:
+    """Inductor reads the donated backward inputs from the tracing context's forward metadata,
+    which AOTAutograd fills only after the partitioner returns: stand in for it meanwhile."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None:  # nothing donated: the probe over-counts the backward, never under
+        yield
+        return
+    metadata = context.fw_metadata
+    if metadata is None:
+        context.fw_metadata = types.SimpleNamespace(bw_donated_idxs=donated)
+    else:
+        before, metadata.bw_donated_idxs = metadata.bw_donated_idxs, donated
+    try:
+        yield
+    finally:
+        if metadata is None:
+            context.fw_metadata = None
+        else:
+            metadata.bw_donated_idxs = before
+
+
+def probe_compiled_peak(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule,
+                        resident_bytes: int, *, num_fwd_outputs: int, mutated_inputs: int = 0,
+                        static_input_idxs: Sequence[int] = ()) -> CompiledPeak | None:
+    """The compiled step's peak for a forward/backward pair, as `predict_compiled_peak` reads it
+    from Inductor's buffer plans, without building any kernel (None: a plan it cannot read).
+
+    Inductor's passes rewrite the graphs in place: pass graphs made for the probe. The forward
+    returns ``num_fwd_outputs`` outputs before the saved values, the first ``mutated_inputs`` of
+    them inputs it mutated (the rest the caller's: Inductor keeps their strides); the backward
+    gets the saved activations AOTAutograd would donate to it, as in the real compile.
+    ``static_input_idxs``: the forward's parameter inputs.
+    """
+    from torch._inductor.utils import count_tangents  # heavy: Inductor, imported only on its path
+
+    forward.graph.find_nodes(op="output")[0].meta["user_visible_output_idxs"] = list(
+        range(mutated_inputs, num_fwd_outputs))
+    bw_output = backward.graph.find_nodes(op="output")[0]  # as Inductor's bw_outputs_user_visible
+    bw_output.meta["user_visible_output_idxs"] = [
+        i for i, out in enumerate(torch.utils._pytree.arg_tree_leaves(*bw_output.args))
+        if isinstance(out, torch.fx.Node)]
+    donated = _donated_backward_inputs(forward, backward, num_fwd_outputs)
+    fw = _buffer_plan_of(forward, is_backward=False, static_input_idxs=static_input_idxs)
+    if fw is None:
+        return None
+    with _donating(donated):
+        bw = _buffer_plan_of(backward, is_backward=True, static_input_idxs=range(count_tangents(backward)))
+    if bw is None:
+        return None
+    try:
+        return predict_compiled_peak(fw, bw, resident_bytes)
+    except ValueError:  # halves that do not pair up
+        return None

@@ -56,10 +56,34 @@ class StepBudgetSummary:
     """`step_peak_bound` over all graphs: the step's peak, parameters and inputs included."""
     exact: bool
     """One graph: the plan's peak is the step's peak (what ``fullgraph=True`` guarantees)."""
+    graph_peaks_bytes: tuple[int, ...] = ()
+    """Each graph's own peak: the compiled one (read from Inductor's buffer plan) where
+    Inductor compiled it, else the plan's."""
+    compiled: bool = False
+    """Every graph's peak is Inductor's compiled peak (fusion and buffer reuse included)."""
+    extra_flops: float = 0.0
+    """Recomputation the plans spend, all graphs together (FLOPs)."""
+    extra_time_s: float = 0.0
+    """The same under the cost model (seconds)."""
+    fit_iterations: tuple[int, ...] = ()
+    """Plans each graph's Inductor fit tried (0: planned once, no fit)."""
+    fit_probes: int = 0
+    """Trial Inductor compiles the fits ran (buffer planning only, no kernels)."""
+    fit_seconds: float = 0.0
+    """What the fits added to planning each graph once: their probes and re-plans (seconds)."""
 
     @property
     def fits(self) -> bool:
         return self.budget_bytes is None or self.predicted_step_peak_bytes <= self.budget_bytes
+
+    @property
+    def unused_share(self) -> float:
+        """Budget the step leaves unused: of the step's budget, or (a percentage budget, which
+        is per graph) of the tightest graph's."""
+        if self.budget_bytes is not None:
+            return 1.0 - self.predicted_step_peak_bytes / self.budget_bytes
+        shares = [1.0 - p / b for b, p in zip(self.graph_budgets_bytes, self.graph_peaks_bytes) if b > 0]
+        return min(shares) if shares else 0.0
 
 
 def held_across(earlier: Sequence[GraphFootprint]) -> int:
@@ -89,7 +113,9 @@ def step_peak_bound(graphs: Sequence[GraphFootprint]) -> int:
 
 
 def summarize(budget_bytes: int | None, budgets: Sequence[int],
-              graphs: Sequence[GraphFootprint]) -> StepBudgetSummary:
+              graphs: Sequence[GraphFootprint], *, compiled: bool = False, extra_flops: float = 0.0,
+              extra_time_s: float = 0.0, fit_iterations: Sequence[int] = (), fit_probes: int = 0,
+              fit_seconds: float = 0.0) -> StepBudgetSummary:
     return StepBudgetSummary(
         graphs=len(graphs),
         graph_breaks=max(0, len(graphs) - 1),
@@ -97,4 +123,11 @@ def summarize(budget_bytes: int | None, budgets: Sequence[int],
         graph_budgets_bytes=tuple(budgets),
         predicted_step_peak_bytes=step_peak_bound(graphs),
         exact=len(graphs) == 1,
+        graph_peaks_bytes=tuple(g.peak_bytes for g in graphs),
+        compiled=compiled,
+        extra_flops=extra_flops,
+        extra_time_s=extra_time_s,
+        fit_iterations=tuple(fit_iterations),
+        fit_probes=fit_probes,
+        fit_seconds=fit_seconds,
     )
