@@ -41,6 +41,7 @@ from frontends.compile_errors import own_error_to_raise, planning_errors
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
 from frontends.dynamo_joint import (
+    forward_ops_first,
     graph_footprint,
     mark_parameters,
 )
@@ -267,7 +268,7 @@ class RematBackend:
             raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
                                f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
         self._frame_shapes[frame] = [sizes.shape(t) for t in inputs]  # what a recompile must cover
-        graph = mark_parameters(graph, joint_module, static_lifetime_input_indices or [])
+        graph = forward_ops_first(mark_parameters(graph, joint_module, static_lifetime_input_indices or []))
         self.plans = [p for p in self.plans if p.compile_id.split("/")[0] != frame]  # a recompile
         budget = self.budget if self.percent else graph_budget(self.budget, [p.footprint for p in self.plans])
         if not self.percent and budget <= 0:

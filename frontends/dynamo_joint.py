@@ -16,7 +16,7 @@ import dataclasses
 import torch
 from torch._functorch._aot_autograd import descriptors as aot_desc
 
-from optimizer.ir.graph import NodeKind, RematGraph
+from optimizer.ir.graph import NodeKind, Phase, RematGraph
 from optimizer.ir.plan import Plan
 from optimizer.planning.graph_budget import GraphFootprint
 
@@ -31,6 +31,21 @@ def mark_parameters(graph: RematGraph, gm: torch.fx.GraphModule, static: list[in
         return graph
     nodes = tuple(dataclasses.replace(n, kind=NodeKind.PARAMETER)
                   if n.name in names and n.kind is NodeKind.INPUT else n for n in graph.nodes)
+    return RematGraph(nodes, graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
+                      graph.cost_model, graph.name)
+
+
+def forward_ops_first(graph: RematGraph) -> RematGraph:
+    """Inductor's joint-graph passes can leave a forward op (one that reads no backward value)
+    after backward ops in the graph's order; schedules and the exact solvers' data expect every
+    forward group first. A stable partition keeps the order topological: a forward op reads no
+    backward value, and each phase keeps its own order (so siblings stay together)."""
+    phases = [n.phase for n in graph.nodes if n.is_op]
+    first_backward = next((i for i, p in enumerate(phases) if p is Phase.BACKWARD), len(phases))
+    if all(p is Phase.BACKWARD for p in phases[first_backward:]):
+        return graph
+    late = [n.phase is Phase.BACKWARD and (n.is_op or n.kind is NodeKind.TANGENT) for n in graph.nodes]
+    nodes = tuple(n for n, x in zip(graph.nodes, late) if not x) + tuple(n for n, x in zip(graph.nodes, late) if x)
     return RematGraph(nodes, graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
                       graph.cost_model, graph.name)
 

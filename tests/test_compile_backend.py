@@ -206,3 +206,29 @@ def test_inductor_compiles_the_plan_and_predicts_the_compiled_peak():
     assert abs(measured - predicted) <= 0.02 * predicted, (measured, predicted)
     # Fusion and reuse make the compiled step much smaller than the unfused plan says.
     assert predicted < 0.8 * planned.plan.predicted_peak_bytes
+
+
+def test_a_forward_op_after_backward_ops_is_moved_first():
+    """Inductor's joint passes can leave a forward op after backward ones; the exact solvers'
+    data refused such graphs with a deep ValueError on the infeasible-budget path (GPT at 50%).
+    `forward_ops_first` moves it before every backward op, and the bound is computed."""
+    from frontends.dynamo_joint import forward_ops_first
+    from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
+    from solvers.checkmate.data import prepare
+
+    f, b = Phase.FORWARD, Phase.BACKWARD
+
+    def op(name, phase, size, inputs):
+        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
+
+    graph = RematGraph((
+        Node("x", NodeKind.INPUT, f, 8), op("a", f, 100, ("x",)), op("loss", f, 8, ("a",)),
+        Node("t", NodeKind.TANGENT, b, 8), op("da", b, 100, ("t", "a")),
+        op("late", f, 100, ("x",)), op("dx", b, 8, ("da", "late")),
+    ), ("loss",), ("loss",), ("dx",))
+    with pytest.raises(ValueError, match="forward op groups must all come before"):
+        prepare(graph)
+    ordered = forward_ops_first(graph)
+    assert [n.name for n in ordered.nodes] == ["x", "a", "loss", "late", "t", "da", "dx"]
+    prepare(ordered)
+    assert forward_ops_first(ordered) is ordered
