@@ -8,8 +8,10 @@ that plan from Inductor's own buffer plan (`frontends.inductor_memory.probe_comp
 kernel built), and move the planning budget until the compiled peak sits within ``tolerance``
 under ``B``:
 
-* start at ``B``; while every plan tried fits, step up by the slack left (``B - compiled peak``),
-  or along the secant of the last two plans when it says more;
+* start at ``B`` (or, when nothing plans unfused at ``B``, at the smallest budget the solver
+  names: Inductor may compile that leanest plan under ``B``); while every plan tried fits, step
+  up by the slack left (``B - compiled peak``), or along the secant of the last two plans when it
+  says more;
 * once a plan overshoots, take the secant between the highest plan that fits and the lowest that
   does not (at its own unfused peak: a planning budget down to it most likely gets the same
   schedule), kept inside the middle 80% of that bracket (bisection when the secant is flat);
@@ -87,7 +89,8 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
     """Search the planning budget as the module says; returns the plan kept and the record.
 
     ``plan_at(b)`` plans the graph for ``b`` bytes (`InfeasibleBudgetError` for a ``b`` too
-    small: at ``budget_bytes`` it reaches the caller, below it it ends the search);
+    small: at ``budget_bytes`` the leanest plan it names is tried instead, and the error reaches
+    the caller only when that plan compiles above the budget too; below it, it ends the search);
     ``compiled_peak_of(plan)`` probes it.
     """
     if iterations < 1:
@@ -112,7 +115,16 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
         tried.append((plan, it))
         return plan, it
 
-    first, it = attempt(budget_bytes)
+    try:
+        first, it = attempt(budget_bytes)
+    except InfeasibleBudgetError as err:
+        # Too small to plan unfused; the leanest unfused plan may still compile under it.
+        leanest = err.smallest_feasible_bytes
+        if leanest is None or leanest <= budget_bytes:
+            raise
+        first, it = attempt(leanest)
+        if it.compiled_peak_bytes is None or it.compiled_peak_bytes > budget_bytes:
+            raise err from None
     if it.compiled_peak_bytes is None:  # Inductor's plan unreadable: the unfused plan bounds it
         return first, InductorFit(budget_bytes, (it,), 0, "Inductor's buffer plan could not be read")
     store_all = first.store_all_peak_bytes

@@ -157,3 +157,22 @@ def test_fitted_mlp_compiles_to_within_five_percent_under_its_budget(fresh_dynam
     assert 0 <= summary.unused_share <= 0.05
     assert summary.fit_iterations == (len(fit.iterations),) and summary.fit_probes == fit.probes
     assert summary.extra_flops == planned.plan.extra_flops
+
+
+def test_a_budget_too_small_unfused_is_met_by_the_leanest_plan_compiled():
+    """Nothing plans unfused below 20,000 B, but fusion takes 25% off: the leanest plan compiles
+    to 15,000 B, under a 16,000-byte budget, so the fit keeps it instead of refusing; a budget
+    even that plan cannot meet is still refused with the solver's error."""
+    from solvers.base import InfeasibleBudgetError
+
+    staircase, probe, _ = _staircase(layers=40, layer=1000, fixed=10_000, fused_share=0.25)
+
+    def plan_at(budget: int) -> _StaircasePlan:
+        if budget < 20_000:
+            raise InfeasibleBudgetError(budget, 20_000, "", exact=True, lower_bound_bytes=20_000)
+        return staircase(budget)
+
+    plan, fit = fit_plan(16_000, plan_at, probe, iterations=4, tolerance=0.02)
+    assert fit.compiled_peak_bytes <= 16_000 and plan.predicted_peak_bytes >= 20_000
+    with pytest.raises(InfeasibleBudgetError):
+        fit_plan(14_000, plan_at, probe, iterations=4, tolerance=0.02)
