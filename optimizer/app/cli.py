@@ -221,7 +221,7 @@ def _side_effects_policy(args: argparse.Namespace):
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
-    from frontends.row_split import RowSplitError
+    from frontends.row_split import RowSplitError  # heavy: torch, not imported for --help or a usage error
 
     try:
         yield
