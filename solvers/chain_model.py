@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import StepKind
 from solvers.baselines import forward_closure, store_all_schedule
-from solvers.linearize import Linearization, linearize
+from solvers.linearize import Linearization, Stage, linearize
 from solvers.segments import backward_groups, forward_reads, pinned_values, resident_names
 
 
@@ -230,9 +230,30 @@ def _backward_peak(
     return peak
 
 
-def chain_model(graph: RematGraph) -> ChainModel:
-    """Measure the chain model of ``graph`` (stages from its articulation values)."""
-    lin = linearize(graph)
+def coarsen(lin: Linearization, size: int) -> Linearization:
+    """``lin`` with every ``size`` consecutive stages merged into one super-stage.
+
+    A super-stage ends at the boundary of its last stage; the articulation values inside it
+    become tape (values its backward reads). A chain DP over the super-stages searches the
+    schedules that checkpoint only super-stage boundaries: a coarser family, exact within it,
+    with ``size`` times fewer stages (rotor's work grows with the cube of the stage count).
+    """
+    if size < 1:
+        raise ValueError(f"coarsen: size must be at least 1, got {size}")
+    if size == 1:
+        return lin
+    groups = [lin.stages[i:i + size] for i in range(0, len(lin.stages), size)]
+    stages = tuple(Stage(k, tuple(v for s in group for v in s.values), group[-1].boundary)
+                   for k, group in enumerate(groups))
+    return Linearization(articulation=tuple(s.boundary for s in stages if s.boundary),
+                         stages=stages)
+
+
+def chain_model(graph: RematGraph, stages_per_unit: int = 1,
+                lin: Linearization | None = None) -> ChainModel:
+    """Measure the chain model of ``graph`` (stages from its articulation values, merged
+    ``stages_per_unit`` at a time: `coarsen`); ``lin``: its linearization, if already made."""
+    lin = coarsen(lin or linearize(graph), stages_per_unit)
     n = len(lin.stages)
     pinned = pinned_values(graph)
     resident = resident_names(graph)

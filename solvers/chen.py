@@ -15,6 +15,8 @@ splits) until the cheapest schedule that fits the budget is found.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 
@@ -27,6 +29,10 @@ from solvers.segments import pinned_values, segment_schedule
 
 _GREEDY_THRESHOLDS = 48
 """Thresholds tried by chen-greedy, geometrically spaced between one stage and the whole net."""
+_SIMULATE_ALL = 160
+"""Up to this many candidates chen-greedy simulates them all (within its time limit)."""
+_NEIGHBOURS = 12
+"""Past that: candidates simulated on each side of the first fitting one in the ranking."""
 
 
 def stage_weights(graph: RematGraph, lin: Linearization) -> list[int]:
@@ -35,28 +41,35 @@ def stage_weights(graph: RematGraph, lin: Linearization) -> list[int]:
     return [sum(graph[v].bytes for v in s.values if v not in pinned) for s in lin.stages]
 
 
-def uniform_checkpoints(graph: RematGraph, lin: Linearization, segments: int) -> tuple[str, ...]:
-    """Articulation values that split the stages into ``segments`` parts of about equal bytes."""
+def uniform_checkpoints(graph: RematGraph, lin: Linearization, segments: int,
+                        weights: list[int] | None = None) -> tuple[str, ...]:
+    """Articulation values that split the stages into ``segments`` parts of about equal bytes
+    (``weights``: `stage_weights`, if already measured). O(segments log stages)."""
     cut_stages = [s.index for s in lin.stages if s.boundary]
     if segments <= 1 or not cut_stages:
         return ()
-    weights = stage_weights(graph, lin)
-    prefix = [sum(weights[: i + 1]) for i in range(len(weights))]
+    weights = weights if weights is not None else stage_weights(graph, lin)
+    prefix = list(itertools.accumulate(weights))
+    cut_prefix = [prefix[i] for i in cut_stages]  # non-decreasing
     total = prefix[-1] or 1
-    chosen: list[int] = []
+    chosen: list[int] = []  # positions in cut_stages
     for j in range(1, segments):
         target = j * total / segments
-        candidates = [i for i in cut_stages if not chosen or i > chosen[-1]]
-        if not candidates:
+        first = chosen[-1] + 1 if chosen else 0
+        if first >= len(cut_stages):
             break
-        best = min(candidates, key=lambda i: (abs(prefix[i] - target), i))
-        chosen.append(best)
-    return tuple(lin.stages[i].boundary for i in chosen)
+        # the candidates nearest the target (ties: the earlier stage)
+        at = bisect.bisect_left(cut_prefix, target, lo=first)
+        below = bisect.bisect_left(cut_prefix, cut_prefix[at - 1], lo=first) if at > first else -1
+        near = [i for i in (below, at) if first <= i < len(cut_stages)]
+        chosen.append(min(near, key=lambda i: (abs(cut_prefix[i] - target), i)))
+    return tuple(lin.stages[cut_stages[i]].boundary for i in chosen)
 
 
-def greedy_checkpoints(graph: RematGraph, lin: Linearization, threshold: float) -> tuple[str, ...]:
+def greedy_checkpoints(graph: RematGraph, lin: Linearization, threshold: float,
+                       weights: list[int] | None = None) -> tuple[str, ...]:
     """Chen's greedy: close a segment at the first articulation value past ``threshold`` bytes."""
-    weights = stage_weights(graph, lin)
+    weights = weights if weights is not None else stage_weights(graph, lin)
     chosen: list[str] = []
     held = 0
     for stage, weight in zip(lin.stages, weights):
@@ -73,7 +86,7 @@ def chen_schedule(graph: RematGraph, lin: Linearization, checkpoints: tuple[str,
     cut_stage = sorted(stage_of[c] for c in checkpoints)
     segment_of: dict[str, int] = {}
     for stage in lin.stages:
-        seg = sum(1 for c in cut_stage if c < stage.index)
+        seg = bisect.bisect_left(cut_stage, stage.index)  # checkpoints in earlier stages
         for v in stage.values:
             segment_of[v] = seg
     last = len(cut_stage)
@@ -101,36 +114,80 @@ def solve_chen(
 
 
 def solve_chen_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
-    """The cheapest Chen schedule (greedy thresholds and uniform splits) that fits the budget."""
+    """The cheapest Chen schedule (greedy thresholds and uniform splits) that fits the budget.
+
+    On a long chain the candidates (one per segment count, plus the thresholds) are too many to
+    simulate: ranked by their recomputation (every segment but the last runs twice, so a long
+    last segment is cheap and holds much), the first that fits is found by bisection, then its
+    neighbours are simulated while time is left."""
     start = time.perf_counter()
     lin = linearize(graph)
-    weights = [w for w in stage_weights(graph, lin) if w > 0]
+    all_weights = stage_weights(graph, lin)
+    weights = [w for w in all_weights if w > 0]
     candidates: dict[tuple[str, ...], str] = {}
     for k in range(1, len(lin.articulation) + 2):
-        candidates.setdefault(uniform_checkpoints(graph, lin, k), f"{k} uniform segments")
+        candidates.setdefault(uniform_checkpoints(graph, lin, k, all_weights), f"{k} uniform segments")
     if weights:
         low, high = min(weights), sum(weights)
         for i in range(_GREEDY_THRESHOLDS):
             threshold = low * (high / low) ** (i / (_GREEDY_THRESHOLDS - 1))
-            candidates.setdefault(greedy_checkpoints(graph, lin, threshold),
+            candidates.setdefault(greedy_checkpoints(graph, lin, threshold, all_weights),
                                   f"greedy threshold {threshold:.0f} bytes")
-    best: tuple[float, int, Schedule, SimulationResult, str] | None = None
+    stage_cost = [sum(graph[v].cost for v in s.values) for s in lin.stages]
+    after = list(itertools.accumulate(reversed(stage_cost)))[::-1] + [0.0]  # cost of stages i..
+    stage_of = lin.stage_of
+
+    def recomputed(checkpoints: tuple[str, ...]) -> float:
+        """Cost of the stages before the last segment (run twice)."""
+        last = max((stage_of[c] for c in checkpoints), default=-1)
+        return after[0] - after[last + 1]
+
+    ranked = sorted(candidates, key=lambda c: (recomputed(c), len(c)))
+    sims: dict[int, tuple[Schedule, SimulationResult]] = {}
+
+    def evaluate(i: int) -> SimulationResult:
+        if i not in sims:
+            schedule = chen_schedule(graph, lin, ranked[i])
+            sims[i] = (schedule, simulate(graph, schedule))
+        return sims[i][1]
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - start > options.time_limit_s
+
+    if len(ranked) <= _SIMULATE_ALL:
+        for i in range(len(ranked)):
+            if out_of_time() and any(s.peak_bytes <= budget_bytes for _, s in sims.values()):
+                break
+            evaluate(i)
+    else:
+        lo, hi = -1, len(ranked) - 1  # fit is about monotone along the ranking
+        while hi - lo > 1:
+            if out_of_time():  # a long chain's simulations are slow: the limit holds here
+                break
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if evaluate(mid).peak_bytes <= budget_bytes else (mid, hi)
+        if not out_of_time():
+            evaluate(hi)
+        for d in range(1, len(ranked)):  # the neighbours, nearest first
+            if out_of_time() or d > _NEIGHBOURS:
+                break
+            for i in (hi - d, hi + d):
+                if 0 <= i < len(ranked):
+                    evaluate(i)
+    best: tuple[float, int, int] | None = None
     smallest: SimulationResult | None = None
-    for checkpoints, how in candidates.items():
-        if time.perf_counter() - start > options.time_limit_s and best is not None:
-            break
-        schedule = chen_schedule(graph, lin, checkpoints)
-        sim = simulate(graph, schedule)
+    for i, (_, sim) in sims.items():
         if smallest is None or sim.peak_bytes < smallest.peak_bytes:
             smallest = sim
         if sim.peak_bytes <= budget_bytes:
-            key = (sim.total_cost, sim.peak_bytes)
-            if best is None or key < best[:2]:
-                best = (sim.total_cost, sim.peak_bytes, schedule, sim, how)
+            key = (sim.total_cost, sim.peak_bytes, i)
+            if best is None or key < best:
+                best = key
     if best is None:
         peak = smallest.peak_bytes if smallest is not None else None
         return heuristic_result("chen-greedy", budget_bytes, None, None, start,
                               f"chen-greedy peaks at {peak} bytes at best")
-    _, _, schedule, sim, how = best
+    schedule, sim = sims[best[2]]
     return heuristic_result("chen-greedy", budget_bytes, schedule, sim, start,
-                          f"{how}, {len(candidates)} candidates")
+                          f"{candidates[ranked[best[2]]]}, {len(sims)} of {len(candidates)} "
+                          "candidates simulated")

@@ -1,22 +1,24 @@
 """``hierarchical``: near-optimal schedules with a proven gap on graphs far past the exact MILP.
 
 1. Reduce the graph losslessly (`optimizer.ir.reduce`): same optimum, schedules map back.
-2. Prove a lower bound (`solvers.remat_bound`): an LP over the whole graph with O(values)
+2. On a long chain of stages (a time-stepping loop, an unrolled RNN, a deep stack: at least
+   ``LONG_CHAIN_STAGES`` stages between articulation values), first the chain schedules that
+   scale with it: rotor's heterogeneous-chain DP (over super-stages when the chain is too long
+   for its work limit), chen-greedy and revolve (binomial checkpointing, multi-level), the
+   chain solvers with a share of the time limit each; the bound then gets what is left.
+3. Prove a lower bound (`solvers.remat_bound`): an LP over the whole graph with O(values)
    columns; it also says which values the relaxation keeps, and can prove a budget infeasible.
-3. Build schedules, each simulated, in this order:
+4. Build schedules, each simulated, in this order:
    - the cheap classic schedules (per-block checkpointing, chen-greedy), so that the answer is
      never worse than them whatever the time limit;
-   - on a long chain of stages (a time-stepping loop, an unrolled RNN, a deep stack: at least
-     ``LONG_CHAIN_STAGES`` stages between articulation values), the chain schedules that scale
-     with it: rotor's heterogeneous-chain DP (when its table fits its work limit) and revolve
-     (binomial checkpointing, multi-level), each with a share of the time limit;
    - per repeated block (`solvers.block_plan`): each distinct block kind's keep/recompute
      options are solved once, exactly, then a DP over the chain of blocks picks one per block;
    - the bound LP rounded to a saved set, repaired to fit the budget, then re-saved greedily;
-   - chain-dp (when its O(stages^4) DP fits in the time left) and greedy (a capped share).
-4. Graphs of at most ``EXACT_MAX_GROUPS`` op groups also get the exact MILP in the time left:
+   - chain-dp (when its O(stages^4) DP fits in the time left) and greedy (a capped share; not
+     on a long chain that has a schedule: one value at a time it cannot match a chain's).
+5. Graphs of at most ``EXACT_MAX_GROUPS`` op groups also get the exact MILP in the time left:
    exact where it can be, near-optimal with a proven gap where it cannot.
-5. Return the cheapest schedule within the budget, with the bound and gap; OPTIMAL when the
+6. Return the cheapest schedule within the budget, with the bound and gap; OPTIMAL when the
    bound meets it. Never worse than the classic schedules it ran.
 """
 
@@ -37,7 +39,7 @@ from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, S
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.block_plan import block_schedules
 from solvers.linearize import linearize
-from solvers.remat_bound import lower_bound
+from solvers.remat_bound import base_cost_bound, lower_bound
 from solvers.saved_set import repair_saved_set
 
 CHAIN_DP_MAX_STAGES = 40
@@ -55,6 +57,19 @@ them is not measured yet."""
 CHAIN_SOLVERS = ("rotor", "revolve")
 CHAIN_SHARE = 0.25
 """Share of the time limit for each chain solver (they stop at their limit with their best)."""
+LONG_CHAIN_FIRST = (("rotor", 0.3), ("chen-greedy", 0.2), ("revolve", 0.1))
+"""On a long chain, before the bound, with their shares of the time limit: rotor (over
+super-stages on chains too long for its DP) first, then chen-greedy's segments (rotor's coarse
+family does not contain every segmentation), then revolve (checkpoints only: it re-tapes every
+step, so it rarely beats the other two; measured at 1,000 steps, 10%: 0.509 extra against
+rotor's 0.349)."""
+LONG_CHAIN_LP_SECONDS = 10.0
+"""On a long chain with a schedule, the bound LP runs only with this much of its share left:
+building it alone takes 10-25 s at 1,000 steps (12k values, 2 shared cores), and with less
+time HiGHS stops at the base cost, which `solvers.remat_bound.base_cost_bound` gives at once."""
+LONG_CHAIN_SNAPSHOTS = 8
+"""Snapshot instants of the bound LP on a long chain (32 elsewhere): each adds rows over the
+whole chain, and fewer only loosen the bound; its time goes to the chain schedules."""
 LATE_CLASSICS = ("chain-dp", "greedy")
 BLOCK_SHARE = 0.3
 ROUNDING_SHARE = 0.15
@@ -152,20 +167,34 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         with progress.phase("reducing the graph"):
             reduction = reduce_graph(graph)
         small = reduction.graph
-        with progress.phase(f"lower bound (LP over {len(small.ops)} values)"):
-            bound = lower_bound(small, budget_bytes, time_limit_s=max(1.0, 0.25 * options.time_limit_s))
-        if bound.proven_infeasible:
-            return result(SolveStatus.INFEASIBLE, None, None, math.inf,
-                          f"no schedule fits {budget_bytes} bytes: {bound.message}")
-        report(None, bound.bound)
-        best = _Best(graph, budget_bytes, on_better=lambda cost: report(cost, min(bound.bound, cost)))
         limit = options.time_limit_s
         stages = len(linearize(graph).stages)
         long_chain = stages >= LONG_CHAIN_STAGES
+        bound_found: list[float] = []  # the bound, once proven
+
+        def on_better(cost: float) -> None:
+            report(cost, min(bound_found[0], cost) if bound_found else None)
+
+        best = _Best(graph, budget_bytes, on_better=on_better)
         if long_chain:  # first: on a long chain these are the schedules that matter
-            for name in CHAIN_SOLVERS:
+            for name, share in LONG_CHAIN_FIRST:
                 _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
-                             share=CHAIN_SHARE * limit)
+                             share=share * limit)
+        bound_limit = 0.25 * limit
+        if long_chain:  # the LP gets what the chain schedules left of its share
+            bound_limit = min(bound_limit, deadline - time.perf_counter())
+        with progress.phase(f"lower bound (LP over {len(small.ops)} values)"):
+            if long_chain and best.schedule is not None and bound_limit < LONG_CHAIN_LP_SECONDS:
+                bound = base_cost_bound(small, f"{max(bound_limit, 0.0):.0f} s left for the LP")
+            else:
+                bound = lower_bound(small, budget_bytes, time_limit_s=max(1.0, bound_limit),
+                                    snapshots=LONG_CHAIN_SNAPSHOTS if long_chain else 32)
+        if bound.proven_infeasible:
+            return result(SolveStatus.INFEASIBLE, None, None, math.inf,
+                          f"no schedule fits {budget_bytes} bytes: {bound.message}")
+        bound_found.append(bound.bound)
+        report(best.sim.total_cost if best.sim else None,
+               min(bound.bound, best.sim.total_cost) if best.sim else bound.bound)
         # The leanest classic schedule: what the smallest-budget search names for large graphs
         # (`solvers.checkmate.min_budget`), so every budget an error names has a schedule here.
         # On a long chain it is quadratic in the chain's length (each backward op recomputes
@@ -173,7 +202,8 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         if not long_chain or best.schedule is None:
             best.offer("recompute-all", recompute_all_schedule(graph))
         for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
-            _run_classic(name, graph, budget_bytes, best, progress, deadline, options)
+            if name not in best.tried:
+                _run_classic(name, graph, budget_bytes, best, progress, deadline, options)
         with progress.phase("repeated blocks: options per block kind, DP over the chain"):
             plans, block_note = block_schedules(
                 small, budget_bytes, min(deadline, time.perf_counter() + BLOCK_SHARE * limit))
@@ -190,6 +220,9 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
                 best.offer("lp-rounding", None if schedule is None else reduction.expand(schedule))
         for name in LATE_CLASSICS:
             left = deadline - time.perf_counter()
+            if name == "greedy" and long_chain and best.schedule is not None:
+                best.tried.setdefault(name, None)  # one value at a time: no match for a chain's
+                continue
             if name == "chain-dp" and (stages > CHAIN_DP_MAX_STAGES
                                        or CHAIN_DP_SECONDS_AT_28 * (stages / 28) ** 4 > left):
                 best.tried.setdefault(name, None)

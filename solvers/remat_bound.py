@@ -72,6 +72,14 @@ def _forward_needed(graph: RematGraph) -> set[str]:
     return seen
 
 
+def base_cost_bound(graph: RematGraph, why: str) -> BoundResult:
+    """The bound without the LP: every needed op runs at least once (valid for every budget;
+    proves nothing infeasible). For when there is no time left to build the LP."""
+    base = float(sum(n.cost for n in prune_dead(graph).ops))
+    return BoundResult(bound=base, base_cost=base, unavoidable_peak=0, proven_infeasible=False,
+                       message=f"base cost only: {why}")
+
+
 def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0,
                 snapshots: int = 32) -> BoundResult:
     """The LP bound of the module docstring (see there for why each constraint is valid)."""

@@ -15,6 +15,11 @@ split and memory level at once, with memory counted in units of ``q`` bytes (eve
 rounded up, the budget down, so a DP-feasible schedule fits the model; the schedule is
 simulated, and the DP budget lowered when the graph breaks the model). ``q`` is chosen by
 `memory_step`.
+
+A chain too long for that work within the time limit (1,000 time steps: 1,004 stages x 251
+levels) is solved over super-stages of consecutive stages (`solvers.chain_model.coarsen`),
+as few per super-stage as the work limit and ``WORK_PER_SECOND`` allow: exact within the
+coarser family (checkpoints only at super-stage boundaries), every schedule still simulated.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import forward_closure, store_all_schedule
 from solvers.chain_model import ChainModel, chain_model
+from solvers.linearize import linearize
 from solvers.segments import pinned_values, resident_names
 
 MAX_LEVELS = 256
@@ -289,15 +295,35 @@ class RotorDP:
 
 TABLE_BYTES = 4e8
 """Most bytes of the DP's tables (two padded float32 tables over (a, b) and its choices)."""
+WORK_PER_SECOND = 1.2e7
+"""Element operations the DP does per second (measured: 104 stages x 101 levels, 2.3e8, in
+11.5 s on the 2 shared cores at load 5, and slower at load 6-7): sizes the super-stages to
+the time limit."""
+DP_TIME_SHARE = 0.5
+"""Share of the time limit the DP's table may take (the rest: simulating its schedules)."""
 
 
-def fits_work_limit(stages: int, levels: int) -> bool:
+def dp_work(stages: int, levels: int) -> float:
+    return stages ** 3 * levels * 2
+
+
+def fits_work_limit(stages: int, levels: int, work: float = WORK) -> bool:
     """Whether the DP over ``stages`` stages and ``levels`` memory levels is within its limits."""
-    return stages ** 3 * levels * 2 <= WORK and (stages + 1) ** 2 * levels * 32 <= TABLE_BYTES
+    return dp_work(stages, levels) <= work and (stages + 1) ** 2 * levels * 32 <= TABLE_BYTES
+
+
+def stages_per_unit(stages: int, levels: int, work: float) -> int:
+    """Fewest consecutive stages per super-stage that bring the DP within ``work``."""
+    size = 1
+    while size < stages and not fits_work_limit(math.ceil(stages / size), levels, work):
+        size += 1
+    return size
 
 
 def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
-    """Rotor's DP over the chain of stages between the forward graph's articulation values."""
+    """Rotor's DP over the chain of stages between the forward graph's articulation values;
+    on a chain too long for the DP within its work limit and ``options.time_limit_s``,
+    over super-stages of consecutive stages (`solvers.chain_model.coarsen`)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     store_all = store_all_schedule(graph)
@@ -305,10 +331,27 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
     if store_sim.peak_bytes <= budget_bytes:
         return SolveResult("rotor", SolveStatus.HEURISTIC, store_all, store_sim.total_cost, None,
                            time.perf_counter() - start, "store-all fits the budget")
-    model = chain_model(graph)
+    lin = linearize(graph)
     top_bytes = int(budget_bytes * _HEADROOM)
-    step = memory_step(model, top_bytes)
-    levels = top_bytes // step + 1
+    work = min(WORK, WORK_PER_SECOND * DP_TIME_SHARE * options.time_limit_s)
+    value_gcd = reduce(math.gcd, (n.bytes for n in graph.ops if n.bytes > 0), 0)
+    guess = min(top_bytes // max(value_gcd, 1), MAX_LEVELS) + 1
+    size = stages_per_unit(len(lin.stages), guess, work)
+
+    def measured(size: int) -> tuple[ChainModel, int, int]:
+        model = chain_model(graph, size, lin)
+        step = memory_step(model, top_bytes)
+        return model, step, top_bytes // step + 1
+
+    model, step, levels = measured(size)
+    finer = stages_per_unit(len(lin.stages), levels, work)  # the guess may overstate levels
+    if finer < size:
+        again = measured(finer)
+        if fits_work_limit(again[0].n, again[2], work):
+            size, (model, step, levels) = finer, again
+    while not fits_work_limit(model.n, levels, work) and model.n > 2:
+        size = max(size + 1, stages_per_unit(len(lin.stages), levels, work))
+        model, step, levels = measured(size)
     if not fits_work_limit(model.n, levels):
         raise ValueError(f"rotor: {model.n} stages x {levels} memory levels is past its work "
                          f"limit ({WORK:.0e} element operations)")
@@ -342,14 +385,17 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
             break
         level -= max(math.ceil((found[1].peak_bytes - budget_bytes) / step), 1)
     if not fits(level):
-        detail = f"memory step {step} bytes; {model.n} stages; no DP schedule fits"
+        detail = f"memory step {step} bytes; {model.n} stages of {size}; no DP schedule fits"
         return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
                            time.perf_counter() - start, detail)
-    low, high = level, dp.levels
+    # Higher levels are worth simulating only up to the first one at the DP's least cost.
+    costs = dp.spine[0, level:]
+    low, high = level, level + int(np.argmax(costs <= costs.min())) + 1
     while high - low > 1 and time.perf_counter() < deadline:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     schedule, sim = attempt(low)  # type: ignore[misc]
+    stages = f"{model.n} stages" + (f" of {size}" if size > 1 else "")
     return SolveResult("rotor", SolveStatus.HEURISTIC, schedule, sim.total_cost, None,
                        time.perf_counter() - start,
-                       f"memory step {step} bytes; {model.n} stages; DP budget {low * step} bytes")
+                       f"memory step {step} bytes; {stages}; DP budget {low * step} bytes")

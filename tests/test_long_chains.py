@@ -8,13 +8,19 @@ gradient across steps.
 
 from __future__ import annotations
 
+import gc
 import math
+import re
 
 import pytest
+import torch
 from exhaustive import exhaustive_optimum
 from graphs import op
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+import frontends.capture
 import solvers.auto
+import solvers.chen
 import solvers.hierarchical
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.ir.schedule import Schedule, StepKind
@@ -23,6 +29,9 @@ from solvers.auto import solve_auto
 from solvers.base import SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.chain_dp import solve_chain_dp
+from solvers.chain_model import chain_model, coarsen
+from solvers.chen import solve_chen_greedy, stage_weights, uniform_checkpoints
+from solvers.linearize import linearize
 from solvers.remat_bound import lower_bound
 from solvers.revolve import (
     binomial_schedule,
@@ -34,7 +43,7 @@ from solvers.revolve import (
     revolve_schedule,
     solve_revolve,
 )
-from solvers.rotor import solve_rotor
+from solvers.rotor import fits_work_limit, memory_step, solve_rotor
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 
@@ -201,11 +210,36 @@ def test_run_once_ops_are_kept_not_recomputed() -> None:
         assert sim.extra_cost > 0
 
 
-def test_rotor_refuses_chains_past_its_work_limit_cleanly() -> None:
-    graph = residual_chain(400)  # (recompute-all is quadratic on a chain: not used here)
+def test_rotor_plans_a_chain_past_its_work_limit_with_super_stages() -> None:
+    graph = residual_chain(200)  # (recompute-all is quadratic on a chain: not used here)
     high = simulate(graph, store_all_schedule(graph)).peak_bytes
-    with pytest.raises(ValueError, match="work limit"):
-        solve_rotor(graph, high // 2, SolverOptions())
+    budget = high // 2
+    model = chain_model(graph)
+    levels = budget * 5 // 4 // memory_step(model, budget * 5 // 4) + 1
+    assert not fits_work_limit(model.n, levels)  # the old rotor refused this chain
+    options = SolverOptions(time_limit_s=4)  # super-stages sized to the time limit
+    rotor = solve_rotor(graph, budget, options)
+    assert rotor.schedule is not None and "stages of" in rotor.message
+    sim = simulate(graph, rotor.schedule)
+    assert sim.peak_bytes <= budget and sim.total_cost == pytest.approx(rotor.objective)
+    chen = solve_chen_greedy(graph, budget, options)
+    assert rotor.objective <= chen.objective + 1e-9
+
+
+def test_super_stages_merge_consecutive_stages_and_keep_the_chain() -> None:
+    graph = residual_chain(20)
+    lin = linearize(graph)
+    merged = coarsen(lin, 3)
+    assert len(merged.stages) == math.ceil(len(lin.stages) / 3)
+    assert [v for s in merged.stages for v in s.values] == [v for s in lin.stages for v in s.values]
+    assert merged.stages[0].boundary == lin.stages[2].boundary
+    fine, coarse = chain_model(graph), chain_model(graph, 3)
+    assert coarse.n == len(merged.stages)
+    assert coarse.advance[1].cost == pytest.approx(sum(r.cost for r in fine.advance[1:4]))
+    for k in range(1, coarse.n + 1):  # what the merged stages' backward reads is its tape
+        fine_reads = {v for j in range(3 * k - 2, min(3 * k, fine.n) + 1) for v in fine.tape[j]}
+        assert fine_reads <= set(coarse.tape[k])
+        assert set(coarse.tape[k]) <= set(merged.stages[k - 1].values)
 
 
 # --------------------------------------------------------------- auto on a long chain
@@ -237,3 +271,81 @@ def test_the_lower_bound_stays_below_the_chain_schedules(fraction: float) -> Non
         result = solve(graph, budget, SolverOptions())
         if result.status is SolveStatus.HEURISTIC:
             assert bound.bound <= result.objective + 1e-9
+
+
+def _uniform_checkpoints_reference(lin, weights: list[int], segments: int) -> tuple[str, ...]:
+    """The quadratic original: nearest articulation value to each target, scanning them all."""
+    cut_stages = [s.index for s in lin.stages if s.boundary]
+    if segments <= 1 or not cut_stages:
+        return ()
+    prefix = [sum(weights[: i + 1]) for i in range(len(weights))]
+    total = prefix[-1] or 1
+    chosen: list[int] = []
+    for j in range(1, segments):
+        target = j * total / segments
+        candidates = [i for i in cut_stages if not chosen or i > chosen[-1]]
+        if not candidates:
+            break
+        chosen.append(min(candidates, key=lambda i: (abs(prefix[i] - target), i)))
+    return tuple(lin.stages[i].boundary for i in chosen)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_uniform_checkpoints_match_the_exhaustive_nearest_choice(seed: int) -> None:
+    graph = residual_chain(40, widths=[1 + (i * (seed + 3)) % 4 for i in range(40)])
+    lin = linearize(graph)
+    weights = [w * (i % 3 != seed) for i, w in enumerate(stage_weights(graph, lin))]  # ties
+    for k in range(1, len(lin.articulation) + 2):
+        assert (uniform_checkpoints(graph, lin, k, weights)
+                == _uniform_checkpoints_reference(lin, weights, k))
+
+
+def test_chen_greedy_bisects_its_candidates_on_a_long_chain(monkeypatch) -> None:
+    """A long chain has a candidate per segment count: simulating them all was most of the
+    planning time at 1,000 steps; chen-greedy simulates O(log) of them plus a few neighbours."""
+    graph = residual_chain(60)
+    high = simulate(graph, store_all_schedule(graph)).peak_bytes
+    calls: list[int] = []
+
+    def counted(g, schedule):
+        calls.append(1)
+        return simulate(g, schedule)
+
+    monkeypatch.setattr(solvers.chen, "simulate", counted)
+    monkeypatch.setattr(solvers.chen, "_SIMULATE_ALL", 20)  # this chain stands for a long one
+    answer = solve_chen_greedy(graph, high // 4, SolverOptions(time_limit_s=60))
+    assert answer.schedule is not None and simulate(graph, answer.schedule).peak_bytes <= high // 4
+    candidates = int(re.search(r"of (\d+) candidates", answer.message)[1])
+    assert candidates > 60
+    assert 0 < len(calls) <= math.ceil(math.log2(candidates)) + 2 * solvers.chen._NEIGHBOURS + 2
+
+
+# --------------------------------------------------------------- capture time on long loops
+def test_capture_traces_without_cyclic_collections_and_restores_the_collector(monkeypatch) -> None:
+    """Each automatic collection walks every object torch's tracers keep alive: on a long loop
+    they made capture quadratic. None may run while AOTAutograd traces; the collector is on
+    after capture."""
+    started: list[int] = []
+    tracing = [False]
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and tracing[0]:
+            started.append(info["generation"])
+
+    def traced(*args, **kwargs):
+        tracing[0] = True
+        try:
+            return aot_export_joint_with_descriptors(*args, **kwargs)
+        finally:
+            tracing[0] = False
+
+    monkeypatch.setattr(frontends.capture, "aot_export_joint_with_descriptors", traced)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+    gc.callbacks.append(count)
+    try:
+        step = frontends.capture.capture(model, (torch.randn(2, 4),))
+    finally:
+        gc.callbacks.remove(count)
+    assert len(step.graph.ops) > 20
+    assert started == []
+    assert gc.isenabled()
