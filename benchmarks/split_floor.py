@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from benchmarks.scale import LossOnly  # noqa: E402
 from examples import gpt2  # noqa: E402
 from frontends.capture import CapturedStep, capture  # noqa: E402
 from optimizer import optimize  # noqa: E402
@@ -43,17 +44,6 @@ SMALL_4_LAYERS = gpt2.GPT2Config(n_layers=4, d_model=128, n_heads=4, seq_len=256
                                  vocab_size=50257, dropout=0.0)
 GPT2_SMALL = gpt2.get_config("small", dropout=0.0)
 COMMON_BUDGET_MARGIN = 1.05
-
-
-class LossOnly(torch.nn.Module):
-    """The model's loss alone: the caller holds no logits."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args):
-        return self.model(*args)[0]
 
 
 @dataclass(frozen=True)
