@@ -85,6 +85,8 @@ class AllocatorModel:
         simulated = math.floor(room / (1.0 + self.fragmentation_margin))
         while simulated > 0 and self.planned_peak(simulated) > budget_bytes:  # float rounding
             simulated -= 1
+        while self.planned_peak(simulated + 1) <= budget_bytes:  # rounding the other way
+            simulated += 1
         return simulated
 
 
