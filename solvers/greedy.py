@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
@@ -26,6 +27,47 @@ CANDIDATES_PER_STEP = 8
 """How many of the best-looking values are simulated before dropping one."""
 
 
+class _FamilyTables:
+    """What `schedule_from_saved` and the search read off the graph, built once per graph (see
+    `per_graph`) instead of once per candidate."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.forward = tuple(n.name for n in graph.ops if n.phase is Phase.FORWARD)
+        self.kept = frozenset(kept_through_backward(graph))
+        self.members = {n.name: graph.group_of(n.name) for n in graph.ops}
+        self.backward_groups = tuple(
+            (members, graph[members[0]].inputs) for members in graph.groups.values()
+            if graph[members[0]].phase is Phase.BACKWARD)
+        """(members, the first member's inputs) of each backward op group, in graph order."""
+        read_in_backward = {
+            i for n in graph.ops if n.phase is Phase.BACKWARD for i in n.inputs
+            if graph[i].is_op and graph[i].phase is Phase.FORWARD
+        }
+        self.droppable = frozenset(read_in_backward - self.kept)
+        self.forward_inputs = {n.name: n.inputs for n in graph.ops if n.phase is Phase.FORWARD}
+        """Forward op -> its inputs: the ops `_forward_closure` may recompute."""
+        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
+
+
+def _forward_closure(graph: RematGraph, tables: _FamilyTables, targets: list[str],
+                     available: set[str]) -> list[str]:
+    """`solvers.baselines.forward_closure` from the per-graph tables: the same walk, the same
+    result; a value that is not a forward op is left to the original, which names it."""
+    inputs_of, members_of = tables.forward_inputs, tables.members
+    needed: set[str] = set()
+    stack = [t for t in targets if t not in available]
+    while stack:
+        name = stack.pop()
+        if name in needed or name in available:
+            continue
+        inputs = inputs_of.get(name)
+        if inputs is None:
+            return forward_closure(graph, targets, available)  # raises: not a forward op
+        needed.update(members_of[name])
+        stack.extend(i for i in inputs if i not in available)
+    return sorted(needed, key=tables.position.__getitem__)
+
+
 def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once: bool = False) -> Schedule:
     """Forward computes everything once; backward recomputes unsaved inputs just in time.
 
@@ -33,34 +75,30 @@ def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once
     producer, such as a qkv projection read through q, k and v, runs once, as PyTorch's min-cut
     partitioner runs it) instead of being recomputed for each reader; it costs memory between
     readers, so neither variant dominates."""
-    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
-    available = set(kept_through_backward(graph)) | set(saved)
+    tables = per_graph(graph, _FamilyTables)
+    members_of = tables.members
+    available = set(tables.kept)
+    available.update(saved)
     backward: list[str] = []
-    for members in graph.groups.values():
-        first = graph[members[0]]
-        if first.phase is not Phase.BACKWARD:
-            continue
-        missing = [i for i in first.inputs if i not in available]
-        if missing:
-            # Per reader: only the values this op reads stay available, the rest of the closure
-            # dies after it (a later reader recomputes it). Once: the whole closure stays.
-            closure = forward_closure(graph, missing, available)
-            backward.extend(closure)
-            for name in closure if recompute_once else missing:
-                available.update(graph.group_of(name))
+    for members, inputs in tables.backward_groups:
+        for i in inputs:
+            if i not in available:
+                missing = [i for i in inputs if i not in available]
+                # Per reader: only the values this op reads stay available, the rest of the closure
+                # dies after it (a later reader recomputes it). Once: the whole closure stays.
+                closure = _forward_closure(graph, tables, missing, available)
+                backward.extend(closure)
+                for name in closure if recompute_once else missing:
+                    available.update(members_of.get(name) or graph.group_of(name))
+                break
         backward.extend(members)
         available.update(members)
-    return Schedule.from_computes(graph, forward, backward)
+    return Schedule.from_computes(graph, tables.forward, backward)
 
 
 def _droppable(graph: RematGraph) -> frozenset[str]:
     """Forward values backward reads that a schedule may decline to save."""
-    kept = kept_through_backward(graph)
-    read_in_backward = {
-        i for n in graph.ops if n.phase is Phase.BACKWARD for i in n.inputs
-        if graph[i].is_op and graph[i].phase is Phase.FORWARD
-    }
-    return frozenset(read_in_backward - kept)
+    return per_graph(graph, _FamilyTables).droppable
 
 
 def recompute_cost(graph: RematGraph, name: str) -> float:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
+from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import NodeKind, RematGraph
 
 
@@ -71,100 +72,150 @@ class Schedule:
         exactly once (random, mutating), and the first forward run of a replayable random op
         (it draws from the generator), whose removal would change the program.
         """
-        fwd = _expand_groups(graph, forward)
-        bwd = _expand_groups(graph, backward)
-        return _derive_frees(graph, fwd, bwd)
+        tables = per_graph(graph, _ScheduleTables)
+        return _derive_frees(tables, _group_runs(graph, tables, forward),
+                             _group_runs(graph, tables, backward))
 
 
-def _expand_groups(graph: RematGraph, names: Iterable[str]) -> list[str]:
-    """Replace each mention of a group member by the whole group, once per run of mentions."""
-    out: list[str] = []
-    pending: set[str] = set()
+_NOTHING_PENDING: frozenset[str] = frozenset()
+
+
+class _Group(NamedTuple):
+    """What liveness needs of one op group, read off its first node once per graph."""
+
+    members: tuple[str, ...]
+    inputs: tuple[str, ...]
+    """The first node's inputs, each once, in order, without the resident ones (never freed)."""
+    pinned: tuple[str, ...]
+    """Members that are user outputs (held by the caller from their first computation)."""
+    compute_once: bool
+    replays_rng: bool
+    computes_reversed: tuple[Step, ...]
+    """``compute(m)`` for each member, last member first (steps are emitted back to front)."""
+
+
+class _ScheduleTables:
+    """Per-graph lookups for `Schedule.from_computes` (built once per graph, see `per_graph`)."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.resident = frozenset(
+            n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT))
+        self.pinned = frozenset(graph.user_outputs)
+        self.needed_at_end = frozenset(graph.user_outputs) | frozenset(graph.backward_outputs)
+        self.tangents = graph.tangents
+        self.forward_outputs = graph.forward_outputs
+        self.frees = {n.name: free(n.name) for n in graph.nodes}
+        self.group_of: dict[str, _Group] = {}
+        """Op value -> its op group."""
+        for members in graph.groups.values():
+            first = graph[members[0]]
+            group = _Group(
+                members=members,
+                inputs=tuple(i for i in dict.fromkeys(first.inputs) if i not in self.resident),
+                pinned=tuple(m for m in members if m in self.pinned),
+                compute_once=first.compute_once,
+                replays_rng=first.replays_rng,
+                computes_reversed=tuple(compute(m) for m in reversed(members)),
+            )
+            for m in members:
+                self.group_of[m] = group
+
+
+def _group_runs(graph: RematGraph, tables: _ScheduleTables, names: Iterable[str]) -> list[_Group]:
+    """The op groups computed, in order: each mention of a group member stands for the whole
+    group, once per run of mentions of its members."""
+    runs: list[_Group] = []
+    pending: set[str] | frozenset[str] = _NOTHING_PENDING
+    group_of = tables.group_of
     for name in names:
         if name in pending:
-            pending.discard(name)
+            pending.discard(name)  # type: ignore[union-attr]
             continue
-        members = graph.group_of(name)
-        out.extend(members)
-        pending = set(members) - {name}
-    return out
-
-
-def _group_runs(graph: RematGraph, names: list[str]) -> list[tuple[str, ...]]:
-    runs: list[tuple[str, ...]] = []
-    i = 0
-    while i < len(names):
-        members = graph.group_of(names[i])
-        runs.append(tuple(names[i : i + len(members)]))
-        i += len(members)
+        group = group_of.get(name)
+        if group is None:  # not an op: the graph's own lookup (and its error)
+            group = group_of[graph.group_of(name)[0]]
+        runs.append(group)
+        members = group.members
+        pending = set(members) - {name} if len(members) > 1 else _NOTHING_PENDING
     return runs
 
 
-def _derive_frees(graph: RematGraph, forward: list[str], backward: list[str]) -> Schedule:
+def _derive_frees(tables: _ScheduleTables, forward: list[_Group], backward: list[_Group]) -> Schedule:
     """Backward liveness over the compute runs: drop dead runs, free after last reads."""
-    resident = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
-    needed: set[str] = set(graph.user_outputs) | set(graph.backward_outputs)
+    resident = tables.resident
+    pinned = tables.pinned
+    frees = tables.frees
+    needed: set[str] = set(tables.needed_at_end)
 
-    def walk(runs: list[tuple[str, ...]], first_runs: set[int], offset: int,
-             drawing_runs: frozenset[int] = frozenset()) -> list[list]:
-        # Returns per run: [run, frees_after_run]; processed in reverse. ``drawing_runs``: the
-        # first forward run of each replayable random op, kept like a run-once op.
-        kept: list[list] = []
-        for index in reversed(range(len(runs))):
-            run = runs[index]
-            first = graph[run[0]]
+    def walk(runs: list[_Group], first_runs: set[int], offset: int,
+             drawing_runs: frozenset[int] = frozenset()) -> list[Step]:
+        # The runs' steps, last first: each kept run's frees after it (last first), then its
+        # computes (last first). ``drawing_runs``: the first forward run of each replayable
+        # random op, kept like a run-once op.
+        steps_reversed: list[Step] = []
+        for index in range(len(runs) - 1, -1, -1):
+            run, inputs, run_pinned, compute_once, _, computes_reversed = runs[index]
             # A user output is held by the caller from its first computation to the end of the
             # step: a later run of its op makes a throwaway copy, never a new instance.
-            members = [m for m in run if m not in pinned or index + offset in first_runs]
-            live_later = [m for m in members if m in needed]
-            if not live_later and not first.compute_once and index not in drawing_runs:
-                continue  # nobody reads this computation
-            frees_after = [m for m in members if m not in needed and m not in pinned]
-            for m in members:
-                needed.discard(m)
-            for inp in dict.fromkeys(first.inputs):
-                if inp not in needed and inp not in resident:
+            members: Sequence[str] = run
+            if run_pinned and index + offset not in first_runs:
+                members = [m for m in run if m not in pinned]
+            if len(members) == 1:
+                m = members[0]
+                if m in needed:
+                    needed.discard(m)
+                    frees_after = []
+                elif compute_once or index in drawing_runs:
+                    frees_after = [] if m in pinned else [m]
+                else:
+                    continue  # nobody reads this computation
+            else:
+                for m in members:
+                    if m in needed:
+                        break
+                else:  # nobody reads this computation
+                    if not compute_once and index not in drawing_runs:
+                        continue
+                frees_after = [m for m in members if m not in needed and m not in pinned]
+                for m in members:
+                    needed.discard(m)
+            for inp in inputs:
+                if inp not in needed:
                     frees_after.append(inp)
                     needed.add(inp)
-            kept.append([run, frees_after])
-        kept.reverse()
-        return kept
+            if len(frees_after) == 1:
+                steps_reversed.append(frees[frees_after[0]])
+            elif frees_after:
+                steps_reversed.extend([frees[m] for m in reversed(dict.fromkeys(frees_after))])
+            steps_reversed.extend(computes_reversed)
+        return steps_reversed
 
-    pinned = set(graph.user_outputs)
-    fwd_groups, bwd_groups = _group_runs(graph, forward), _group_runs(graph, backward)
     first_runs: set[int] = set()
     seen: set[str] = set()
-    for index, run in enumerate(fwd_groups + bwd_groups):
-        fresh = [m for m in run if m in pinned and m not in seen]
-        if fresh:
-            first_runs.add(index)
-            seen.update(fresh)
-    bwd_runs = walk(bwd_groups, first_runs, len(fwd_groups))
+    for index, run in enumerate(forward + backward):
+        if run.pinned:
+            fresh = [m for m in run.pinned if m not in seen]
+            if fresh:
+                first_runs.add(index)
+                seen.update(fresh)
+    backward_reversed = walk(backward, first_runs, len(forward))
     # Tangents arrive at the start of backward; those never read are dropped there.
-    boundary_frees = [t for t in graph.tangents if t not in needed]
-    needed.difference_update(graph.tangents)
+    boundary_frees = [t for t in tables.tangents if t not in needed]
+    needed.difference_update(tables.tangents)
     # Forward outputs must be live when forward ends; dropped at the boundary if unread later.
-    for name in graph.forward_outputs:
+    for name in tables.forward_outputs:
         if name not in needed and name not in resident:
             boundary_frees.append(name)
             needed.add(name)
     drawn: set[str] = set()
     drawing_runs = set()
-    for index, run in enumerate(fwd_groups):
-        if graph[run[0]].replays_rng and run[0] not in drawn:
-            drawn.add(run[0])
+    for index, run in enumerate(forward):
+        if run.replays_rng and run.members[0] not in drawn:
+            drawn.add(run.members[0])
             drawing_runs.add(index)
-    fwd_runs = walk(fwd_groups, first_runs, 0, frozenset(drawing_runs))
+    forward_reversed = walk(forward, first_runs, 0, frozenset(drawing_runs))
     missing = sorted(needed - resident)
     if missing:
         raise ValueError(f"schedule reads values it never computes: {missing[:5]}")
-
-    def emit(runs: list[list]) -> list[Step]:
-        steps: list[Step] = []
-        for members, frees_after in runs:
-            steps.extend(compute(m) for m in members)
-            steps.extend(free(m) for m in dict.fromkeys(frees_after))
-        return steps
-
-    backward_steps = [free(n) for n in dict.fromkeys(boundary_frees)] + emit(bwd_runs)
-    return Schedule(forward=tuple(emit(fwd_runs)), backward=tuple(backward_steps))
+    backward_reversed.extend([frees[n] for n in reversed(dict.fromkeys(boundary_frees))])
+    return Schedule(forward=tuple(reversed(forward_reversed)), backward=tuple(reversed(backward_reversed)))
