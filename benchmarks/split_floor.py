@@ -10,9 +10,12 @@ reaches (the unsplit smallest found x 1.05): planning time, extra FLOPs, the ste
 ``--gpt2-small`` adds GPT-2-small (12 x 768, seq 512, batch 8) floor rows and plans at 30% and
 20%; ``--measure`` runs the 4-layer model (loss only, real float32 tensors on the CPU) at 30% of
 its unsplit store-all peak, split in 8: measured peak against budget and prediction, gradients
-against eager.
+against eager. ``--mlp`` adds an MLP-heavy GPT-2 shape (4 x 256, seq 128, batch 16, vocab 1024:
+the 2048 x 1024 MLP intermediate is the largest activation) and bisects the smallest budget the
+planner reaches with the head split in 8, without and with every MLP split in 8 too
+(`frontends.mlp_split`), next to each one's proven lower bound.
 
-    python benchmarks/split_floor.py --out benchmarks/split_floor.md [--gpt2-small] [--measure]
+    python benchmarks/split_floor.py --out benchmarks/split_floor.md [--gpt2-small] [--measure] [--mlp]
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ CHUNKS = (1, 2, 4, 8)
 SMALL_4_LAYERS = gpt2.GPT2Config(n_layers=4, d_model=128, n_heads=4, seq_len=256, batch=4,
                                  vocab_size=50257, dropout=0.0)
 GPT2_SMALL = gpt2.get_config("small", dropout=0.0)
+MLP_HEAVY = gpt2.GPT2Config(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch=16, vocab_size=1024,
+                            dropout=0.0)
+BISECT_STEP = 1 << 20
 COMMON_BUDGET_MARGIN = 1.05
 
 
@@ -138,17 +144,57 @@ def _measure(cfg: gpt2.GPT2Config, fraction: float, chunks: int, limit: float, l
               f"Plan message: {plan.message}"]
 
 
+def _smallest_planned(step: CapturedStep, limit: float) -> tuple[int, int]:
+    """(smallest budget the ``auto`` planner plans, to `BISECT_STEP`; the proven lower bound)."""
+    lower = peak_lower_bound(step.graph)
+    try:
+        plan_graph(step.graph, 1, "auto", SolverOptions(time_limit_s=limit))
+        return 1, lower
+    except InfeasibleBudgetError as err:
+        high, lower = err.smallest_feasible_bytes, max(lower, err.lower_bound_bytes or 0)
+    low = lower
+    while high - low > BISECT_STEP:
+        mid = (low + high) // 2
+        try:
+            high = plan_graph(step.graph, mid, "auto", SolverOptions(time_limit_s=limit)).predicted_peak_bytes
+        except InfeasibleBudgetError:
+            low = mid
+    return high, lower
+
+
+def _mlp_split_floor(cfg: gpt2.GPT2Config, limit: float, lines: list[str]) -> None:
+    """The smallest planned budget, head split in 8, without and with the MLPs split in 8."""
+    lines += ["", f"**MLP split** (loss only; `capture(..., split_rows=8, split_mlp=m)`, then the `auto` "
+              f"planner bisected to {BISECT_STEP >> 20} MiB):", "",
+              "| MLP chunks | store-all | proven lower bound | smallest budget planned | capture |",
+              "|---|---|---|---|---|"]
+    for mlp in (1, 8):
+        start = time.perf_counter()
+        step = capture(LossOnly(gpt2.get_model(cfg, device="meta")), gpt2.get_inputs(cfg, device="meta"),
+                       split_rows=8, split_mlp=mlp)
+        took = time.perf_counter() - start
+        store_all = simulate(step.graph, store_all_schedule(step.graph)).peak_bytes
+        smallest, lower = _smallest_planned(step, limit)
+        lines.append(f"| {mlp} | {_mb(store_all)} | {_mb(lower)} | {_mb(smallest)} "
+                     f"({100 * smallest / store_all:.1f}% of store-all) | {took:.1f} s |")
+        print(f"done: MLP split {mlp} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    if mlp > 1:
+        lines += ["", f"Capture note: {step.notes[-1]}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--gpt2-small", action="store_true", help="add GPT-2-small floor rows and plans")
     parser.add_argument("--measure", action="store_true", help="run the 4-layer model's split plan")
+    parser.add_argument("--mlp", action="store_true", help="add the MLP-heavy shape's MLP split floor")
+    parser.add_argument("--mlp-only", action="store_true", help="only the MLP split floor (implies --mlp)")
     args = parser.parse_args()
     start = time.perf_counter()
     lines = ["# Splitting the LM head and loss: the memory floor", "",
              "Command: `python benchmarks/split_floor.py" + (" --gpt2-small" if args.gpt2_small else "")
-             + (" --measure" if args.measure else "")
+             + (" --measure" if args.measure else "") + (" --mlp-only" if args.mlp_only else " --mlp" if args.mlp else "")
              + (f" --time-limit {args.time_limit:g}" if args.time_limit != 30.0 else "")
              + (f" --out {args.out}`" if args.out else "`"),
              f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores (shared), torch {torch.__version__}, "
@@ -156,6 +202,9 @@ def main() -> None:
              "peak of the unsplit step (what `optimize(..., \"30%\")` means), not of activation memory "
              "as in benchmarks/scale.md.", ""]
     configs = [("4-layer GPT-2 shape", SMALL_4_LAYERS, {True: (0.5, 0.3, 0.2), False: (0.5,)}, CHUNKS)]
+    args.mlp = args.mlp or args.mlp_only
+    if args.mlp_only:
+        configs = []
     if args.gpt2_small:  # planned at 30% and 20% loss only, split in 8 (its planning takes minutes)
         configs.append(("GPT-2-small", GPT2_SMALL, {True: (0.3, 0.2), False: ()}, (8,)))
     for name, cfg, fractions, plan_chunks in configs:
@@ -168,6 +217,11 @@ def main() -> None:
                   f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         if args.measure and cfg is SMALL_4_LAYERS:
             _measure(cfg, 0.3, 8, args.time_limit, lines)
+        lines.append("")
+    if args.mlp:
+        lines += [f"## MLP-heavy GPT-2 shape: {MLP_HEAVY.n_layers} x {MLP_HEAVY.d_model}, seq {MLP_HEAVY.seq_len}, "
+                  f"batch {MLP_HEAVY.batch}, vocab {MLP_HEAVY.vocab_size}, dropout 0"]
+        _mlp_split_floor(MLP_HEAVY, args.time_limit, lines)
         lines.append("")
     lines.append(f"Total wall time: {time.perf_counter() - start:.0f} s.")
     report = "\n".join(lines) + "\n"

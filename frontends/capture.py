@@ -44,6 +44,8 @@ from frontends.hf_training import (
     explain_library_construct,
     explain_unsupported_value,
 )
+from frontends.mlp_split import MlpSplits, split_mlps
+from frontends.output_selection import check_outputs, keep_only_losses
 from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, state_device_bytes
 from frontends.row_split import RowSplit, check_chunks
 from frontends.row_split import split_rows as split_head_rows
@@ -83,6 +85,8 @@ class CapturedStep:
     """What capture changed about the step, for the plan's message (said once)."""
     row_splits: tuple[RowSplit, ...] = ()
     """Head-and-loss chains split into row chunks (``split_rows``, see `frontends.row_split`)."""
+    mlp_splits: MlpSplits = MlpSplits(())
+    """MLP chains split into row chunks (``split_mlp``, see `frontends.mlp_split`)."""
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -114,6 +118,8 @@ def capture(
     python_side_effects: str | None = None,
     replay_random: bool = True,
     split_rows: int = 1,
+    outputs: str = "all",
+    split_mlp: int = 1,
 ) -> CapturedStep:
     """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
 
@@ -127,17 +133,23 @@ def capture(
     `frontends.rng_replay`); False keeps every random output, as before. ``split_rows=k > 1``
     runs each LM head and its loss in k chunks of token rows (`frontends.row_split`; raises
     `frontends.row_split.RowSplitError` where there is no such chain or it is not per-row).
+    ``outputs="loss"`` returns the scalar losses only, None in place of the other tensors
+    (`frontends.output_selection`); ``"all"`` (default) returns everything. ``split_mlp=k > 1``
+    runs each MLP (linear -> pointwise -> linear) in k chunks of token rows (`frontends.mlp_split`).
     """
     kwargs = dict(kwargs or {})
     check_grad_outputs(grad_outputs)
     check_chunks(split_rows)
+    check_chunks(split_mlp, "split_mlp")
+    check_outputs(outputs)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected an nn.Module, got {type(model).__name__}")
     check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
     with cache_off_for_training(model, kwargs) as cache_off, forward_guards(  # both restore on exit
             model, tuple(args), cache_off.kwargs, python_side_effects, UnreplayableForwardError) as guard, \
             refuse_custom_functions(UnreplayableForwardError):  # their backward would be lost
-        joint, gradient_free, splits = _trace(model, tuple(args), cache_off.kwargs, grad_outputs, split_rows)
+        joint, gradient_free, splits, mlps = _trace(model, tuple(args), cache_off.kwargs, grad_outputs,
+                                                    split_rows, outputs, split_mlp)
         guard.check_graph(joint.graph_module)
     untie_batch_norm_backward(joint.graph_module)
     if replay_random:
@@ -153,12 +165,14 @@ def capture(
         cost_model=cost_model,
         gradient_free_outputs=gradient_free,
         kwarg_overrides=tuple(cache_off.kwarg_overrides.items()),
-        notes=cache_off.notes + tuple(split.describe() for split in splits),
+        notes=cache_off.notes + tuple(s.describe() for s in splits) + tuple(filter(None, [mlps.describe()])),
         row_splits=splits,
+        mlp_splits=mlps,
     )
 
 
-def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str, split_rows: int = 1):
+def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str, split_rows: int = 1,
+           outputs: str = "all", split_mlp: int = 1):
     """torch.export, the forward passes of `frontends.export_passes` (and the row split of
     `frontends.row_split`), then AOTAutograd's joint."""
     if has_meta_tensors(model, tuple(args), kwargs):  # plan without allocating: see fakify
@@ -176,6 +190,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str,
             raise CaptureError(_explain_trace_failure(err)) from err
         forward = exported.module()
         drop_identity_dropouts(forward)
+        keep_only_losses(forward, outputs)  # before the split: a dropped logits tensor needs no concatenation
+        mlps = split_mlps(forward, split_mlp)
         splits = split_head_rows(forward, split_rows)  # before detaching: it reads the loss outputs
         gradient_free = detach_gradient_free_outputs(forward, grad_outputs)
         with contextlib.ExitStack() as stack:
@@ -185,7 +201,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str,
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
-    return joint, gradient_free, splits
+    return joint, gradient_free, splits, mlps
 
 
 @contextlib.contextmanager

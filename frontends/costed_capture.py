@@ -19,13 +19,15 @@ from frontends.profile import profiled_graph
 def capture_with_costs(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None,
                        cost_model: str = "flops", grad_outputs: str = "losses",
                        python_side_effects: str | None = None, replay_random: bool = True,
-                       split_rows: int = 1) -> CapturedStep:
+                       split_rows: int = 1, outputs: str = "all", split_mlp: int = 1) -> CapturedStep:
     """Capture the step and cost its ops under ``cost_model`` (profiling runs them once);
-    ``python_side_effects``, ``replay_random`` and ``split_rows`` as in `frontends.capture.capture`."""
+    ``python_side_effects``, ``replay_random``, ``split_rows``, ``outputs`` and ``split_mlp`` as in
+    `frontends.capture.capture`."""
     model_costs = cost_model_from_name(cost_model, dtype=model_dtype(model))
     captured = capture(model, tuple(example_inputs), example_kwargs, cost_model=model_costs,
                        grad_outputs=grad_outputs, python_side_effects=python_side_effects,
-                       replay_random=replay_random, split_rows=split_rows)
+                       replay_random=replay_random, split_rows=split_rows, outputs=outputs,
+                       split_mlp=split_mlp)
     if model_costs.measured:
         graph = profiled_graph(captured, model, tuple(example_inputs), example_kwargs)
         captured = dataclasses.replace(captured, graph=graph)

@@ -18,12 +18,14 @@ without label smoothing. Same function, same matmuls in chunks; only the summati
 Outputs stay whole: a row value the model returns (its logits) is rebuilt by concatenating
 the chunks, so the caller still gets every logit, at the price of one whole logits tensor (and,
 at the concatenation, the chunks with it); the loss's log-softmax and its gradient are chunked
-either way. A model that returns only its loss gains the most (see `RowSplit.whole_outputs`).
+either way. A model that returns only its loss gains the most (see `RowSplit.whole_outputs`);
+``outputs="loss"`` (`frontends.output_selection`) drops the returned logits for a caller that
+reads only the loss.
 
 Refused with `RowSplitError`, never left unsplit silently: a head whose logits also feed an op
 that mixes rows (a normalization over tokens, a reshape across rows, a second operand), a loss
 with ``reduction='none'`` (its later reduction is not followed), or a split asked for where no
-chain exists. Not split yet: the token-chunked MLP (linear -> activation -> linear).
+chain exists. The token-chunked MLP (linear -> activation -> linear) is `frontends.mlp_split`.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ class RowSplit:
     """Row values the model returns, rebuilt whole by concatenating the chunks."""
 
     def describe(self) -> str:
-        kept = ("; the returned logits stay whole: return only the loss to drop that copy"
-                if self.whole_outputs else "")
+        kept = ("; the returned logits stay whole: outputs='loss' (CLI --outputs loss) drops that "
+                "copy when only the loss is read" if self.whole_outputs else "")
         return (f"split {self.module or self.head} + loss into {self.chunks} row chunks "
                 f"({self.rows} x {self.width} logits: {_mb(self.logits_bytes)} whole, "
                 f"{_mb(self.chunk_bytes)} per chunk{kept})")
@@ -107,16 +109,16 @@ def split_rows(gm: torch.fx.GraphModule, chunks: int) -> tuple[RowSplit, ...]:
             f"split_rows={chunks}: no linear -> cross_entropy / nll_loss chain in the model's forward "
             "to split; leave split_rows at 1 (or split=None)")
     splits = tuple(_split_head(gm, head, chunks) for head in heads)
-    _stable_topological_order(gm.graph)
+    stable_topological_order(gm.graph)
     gm.graph.lint()
     gm.recompile()
     return splits
 
 
-def check_chunks(chunks: object) -> int:
+def check_chunks(chunks: object, name: str = "split_rows") -> int:
     """``chunks`` if it is a positive integer; raises `RowSplitError` before a (slow) capture."""
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise RowSplitError(f"split_rows must be a positive integer number of chunks, got {chunks!r}")
+        raise RowSplitError(f"{name} must be a positive integer number of chunks, got {chunks!r}")
     return chunks
 
 
@@ -153,7 +155,7 @@ class _Chain:
 
 
 def _refuse(head: torch.fx.Node, why: str) -> RowSplitError:
-    return RowSplitError(f"cannot split the head {_module(head) or head.name} into row chunks: {why}")
+    return RowSplitError(f"cannot split the head {module_path(head) or head.name} into row chunks: {why}")
 
 
 def _chain(head: torch.fx.Node, rows: int, width: int) -> _Chain:
@@ -222,7 +224,13 @@ def _check_loss(head, loss: torch.fx.Node, value: torch.fx.Node, rows: int, widt
                             "reduction is not followed; use reduction='sum' or 'mean'")
 
 
-def _module(node: torch.fx.Node) -> str:
+def chunk_sizes(rows: int, chunks: int) -> list[int]:
+    """``rows`` in ``chunks`` near-equal parts, the larger first."""
+    return [rows // chunks + (1 if i < rows % chunks else 0) for i in range(chunks)]
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The path of the innermost module ``node`` ran in (empty outside a submodule)."""
     stack = node.meta.get("nn_module_stack") or {}
     return str(list(stack.values())[-1][0]) if stack else ""
 
@@ -237,8 +245,8 @@ def _split_head(gm: torch.fx.GraphModule, head: torch.fx.Node, chunks: int) -> R
     if logits.dim() < 2 or rows < chunks:
         raise _refuse(head, f"{rows} row(s) cannot make {chunks} chunks")
     chain = _chain(head, rows, width)
-    sizes = [rows // chunks + (1 if i < rows % chunks else 0) for i in range(chunks)]
-    emit = _Emitter(gm, head)
+    sizes = chunk_sizes(rows, chunks)
+    emit = Emitter(gm, head)
     with graph.inserting_before(graph.find_nodes(op="output")[0]):
         x_chunks = emit.split(emit(aten.reshape.default, (x, [rows, x.meta["val"].shape[-1]])), sizes)
         targets = {loss: emit.split(_loss_args(loss)[1], sizes) for loss in chain.losses}
@@ -268,12 +276,12 @@ def _split_head(gm: torch.fx.GraphModule, head: torch.fx.Node, chunks: int) -> R
     for node in (*chain.ignored, *chain.losses, *reversed(chain.region)):
         graph.erase_node(node)
     item = logits.element_size()
-    return RowSplit(head.name, _module(head), tuple(loss.name for loss in chain.losses), rows, width,
+    return RowSplit(head.name, module_path(head), tuple(loss.name for loss in chain.losses), rows, width,
                     chunks, rows * width * item, max(sizes) * width * item,
                     tuple(v.name for v in chain.outputs))
 
 
-def _summed_loss(emit: _Emitter, loss: torch.fx.Node, chunk: torch.fx.Node,
+def _summed_loss(emit: Emitter, loss: torch.fx.Node, chunk: torch.fx.Node,
                  target: torch.fx.Node) -> torch.fx.Node:
     """The loss of one chunk with reduction ``sum`` (ignored targets add nothing)."""
     _, _, weight, _, ignore_index, smoothing = _loss_args(loss)
@@ -281,7 +289,7 @@ def _summed_loss(emit: _Emitter, loss: torch.fx.Node, chunk: torch.fx.Node,
     return emit(loss.target, (chunk, target, weight, SUM, ignore_index, *extra), like=loss)
 
 
-def _normalized(emit: _Emitter, loss: torch.fx.Node, total: torch.fx.Node) -> torch.fx.Node:
+def _normalized(emit: Emitter, loss: torch.fx.Node, total: torch.fx.Node) -> torch.fx.Node:
     """``sum``: the total; ``mean``: divided by what aten divides by, the count of non-ignored
     targets or, with class weights, their summed weights (which get no gradient in aten)."""
     _, target, weight, reduction, ignore_index, _ = _loss_args(loss)
@@ -297,9 +305,9 @@ def _normalized(emit: _Emitter, loss: torch.fx.Node, total: torch.fx.Node) -> to
     return emit(aten.div.Tensor, (total, denominator), like=loss)
 
 
-class _Emitter:
+class Emitter:
     """Adds call_function nodes with their FakeTensor ``val`` (later passes read it) and the
-    head's module stack (reports name the module)."""
+    module stack of the node they replace (``like``, else ``head``: reports name the module)."""
 
     def __init__(self, gm: torch.fx.GraphModule, head: torch.fx.Node) -> None:
         self.gm, self.head = gm, head
@@ -338,7 +346,7 @@ class _Emitter:
         return items
 
 
-def _stable_topological_order(graph: torch.fx.Graph) -> None:
+def stable_topological_order(graph: torch.fx.Graph) -> None:
     """Move each node after its inputs, keeping the existing order otherwise: the chunks, emitted
     before the output, move up to their first consumer (a loss read in forward)."""
     order: list[torch.fx.Node] = []

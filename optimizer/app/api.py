@@ -8,8 +8,9 @@ import torch
 
 from frontends.capture import CapturedStep, capture
 from frontends.costed_capture import capture_with_costs
+from frontends.output_selection import check_outputs
 from frontends.remat_module import RematModule, ShapePolicy
-from optimizer.app.split_plan import check_split, chunks_of, plan_with_split
+from optimizer.app.split_plan import check_split, chunks_of, mlp_choices, plan_with_split
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes
 from optimizer.ir.plan import Plan
@@ -35,6 +36,8 @@ def optimize(
     static: bool = False,
     on_larger: str = "error",
     split: str | int | None = None,
+    outputs: str = "all",
+    split_mlp: str | int | None = None,
 ):
     """Plan ``model``'s training step to fit ``budget`` and return the rewritten module.
 
@@ -68,17 +71,27 @@ def optimize(
     token rows, so the whole logits, log-softmax and gradient no longer set the memory floor
     (`frontends.row_split`); ``"auto"`` plans k in `optimizer.app.split_plan.SPLIT_CHOICES` and
     keeps the cheapest plan that fits (the message says which k); None (default): no split.
+    ``split_mlp`` likewise runs every MLP (``linear -> gelu/silu/... -> linear``, SwiGLU too) in
+    m chunks of token rows (`frontends.mlp_split`), so its wide intermediate exists one chunk at
+    a time where the plan recomputes it; None (default) means 1, or, under ``split="auto"``, that
+    the MLPs are searched too (m = 2, 4, 8 with the head's best k).
+    ``outputs="loss"`` (README "Splitting huge ops") plans and returns the scalar losses only: the
+    other returned tensors (the logits) are dropped from the step, so their memory stops counting,
+    and ``rm(...)`` gives back the same structure with None in their place (a transformers
+    ``ModelOutput`` with only ``loss`` set); ``"all"`` (default) returns everything.
     """
     example_inputs = _as_tuple(example_inputs)
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     ShapePolicy(on_larger=on_larger)  # a bad on_larger fails before the (slow) capture
     captured, plan = _capture_and_plan(model, example_inputs, example_kwargs, budget, solver,
                                        options, cost_model, allocator, grad_outputs, python_side_effects,
-                                       split)
+                                       split, outputs, split_mlp)
+    head_chunks, mlp_chunks = chunks_of(captured)
 
     def recapture(args: tuple, kwargs: dict) -> CapturedStep:
         return capture(model, args, kwargs, cost_model=captured.cost_model, grad_outputs=grad_outputs,
-                       python_side_effects=python_side_effects, split_rows=chunks_of(captured))
+                       python_side_effects=python_side_effects, split_rows=head_chunks,
+                       outputs=outputs, split_mlp=mlp_chunks)
 
     def replan(larger: CapturedStep) -> Plan:
         return plan_graph(larger.graph, budget, solver, options,
@@ -96,26 +109,30 @@ def _as_tuple(example_inputs) -> tuple:
 def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None, budget,
                       solver: str, options: SolverOptions, cost_model: str,
                       allocator: AllocatorModel | None, grad_outputs: str = "losses",
-                      python_side_effects: str | None = None, split: str | int | None = None):
+                      python_side_effects: str | None = None, split: str | int | None = None,
+                      outputs: str = "all", split_mlp: str | int | None = None):
     """Capture the step and plan it (for each row split asked for: see `optimizer.app.split_plan`);
     a malformed budget or split fails before the (slow) capture."""
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
         parse_bytes(budget)
     check_split(split)
+    mlp_choices(split, split_mlp)
+    check_outputs(outputs)
 
-    def capture_split(chunks: int) -> CapturedStep:
+    def capture_split(chunks: int, mlp_chunks: int) -> CapturedStep:
         return capture_with_costs(model, example_inputs, example_kwargs, cost_model, grad_outputs,
-                                  python_side_effects, split_rows=chunks)
+                                  python_side_effects, split_rows=chunks, outputs=outputs,
+                                  split_mlp=mlp_chunks)
 
     def plan_captured(captured: CapturedStep, budget_or_bytes) -> Plan:
         return plan_graph(captured.graph, budget_or_bytes, solver, options,
                           graph_nodes=len(captured.gm.graph.nodes), allocator=allocator)
 
-    if split is None:
-        captured = capture_split(1)
+    if split is None and split_mlp is None:
+        captured = capture_split(1, 1)
         plan = plan_captured(captured, budget)
     else:
-        captured, plan = plan_with_split(capture_split, plan_captured, budget, split, allocator)
+        captured, plan = plan_with_split(capture_split, plan_captured, budget, split, allocator, split_mlp)
     if captured.notes:  # what capture changed about the step (use_cache=False), said once
         plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, *captured.notes))))
     return captured, plan
@@ -137,8 +154,11 @@ def plan_only(
     grad_outputs: str = "losses",
     python_side_effects: str = "error",
     split: str | int | None = None,
+    outputs: str = "all",
+    split_mlp: str | int | None = None,
 ) -> Plan:
     """The plan `optimize` would make, without building the module (what-if use)."""
     options = SolverOptions(time_limit_s=time_limit, threads=threads, verbose=verbose, milp_engine=milp_engine)
     return _capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, budget, solver,
-                             options, cost_model, allocator, grad_outputs, python_side_effects, split)[1]
+                             options, cost_model, allocator, grad_outputs, python_side_effects, split,
+                             outputs, split_mlp)[1]

@@ -1,11 +1,14 @@
-"""Choose how many row chunks the LM head and loss run in (`frontends.row_split`) by planning each.
+"""Choose how many row chunks the LM head and loss (`frontends.row_split`) and the MLPs
+(`frontends.mlp_split`) run in, by planning each candidate.
 
 Why a search over k and not a solver variable: a split changes the graph (k chunks are k
 logits values), so each candidate is captured and planned, and the cheapest plan that fits the
 budget wins (ties go to fewer chunks). ``k = 1`` (unsplit) is always a candidate, so ``auto`` is
 never worse than no split; it costs one capture and plan per candidate, which is why it is not
-the default. Percentage budgets stay percentages of the unsplit step's store-all peak (plain
-autograd's), whatever k is chosen.
+the default. ``auto`` searches the head first (k = 1, 2, 4, 8 with the MLPs unsplit), then the
+MLPs (m = 2, 4, 8) with the head's best k: at most 7 candidates, not 16, and it stops as soon as
+a plan recomputes nothing. Percentage budgets stay percentages of the unsplit step's store-all
+peak (plain autograd's), whatever is chosen.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from optimizer.planning.planner import store_all_peak_bytes
 from solvers.base import InfeasibleBudgetError
 
 SPLIT_CHOICES = (1, 2, 4, 8)
-"""Row chunks ``split="auto"`` tries."""
+"""Row chunks ``split="auto"`` tries (for the head, then for the MLPs)."""
 
 
-def check_split(split: object) -> tuple[int, ...]:
+def check_split(split: object, name: str = "split") -> tuple[int, ...]:
     """The chunk counts ``split`` asks for: None -> (1,), ``"auto"`` -> `SPLIT_CHOICES`, k -> (k,)."""
     if split is None:
         return (1,)
@@ -34,78 +37,129 @@ def check_split(split: object) -> tuple[int, ...]:
     try:
         return (check_chunks(split),)
     except RowSplitError:
-        raise ValueError(f"split must be None, 'auto' or a positive number of row chunks, got {split!r}") \
+        raise ValueError(f"{name} must be None, 'auto' or a positive number of row chunks, got {split!r}") \
             from None
 
 
-def chunks_of(captured: CapturedStep) -> int:
-    """Row chunks the captured step's heads run in (1: unsplit)."""
-    return captured.row_splits[0].chunks if captured.row_splits else 1
+def mlp_choices(split: object, split_mlp: object) -> tuple[int, ...]:
+    """The MLP chunk counts to plan: ``split_mlp``'s, or, when it is None, all of `SPLIT_CHOICES`
+    under ``split="auto"`` and none (1) otherwise."""
+    if split_mlp is None:
+        return SPLIT_CHOICES if split == "auto" else (1,)
+    return check_split(split_mlp, "split_mlp")
 
 
-def plan_with_split(capture: Callable[[int], CapturedStep], plan: Callable[[CapturedStep, int], Plan],
-                    budget: int | str, split: object,
-                    allocator: AllocatorModel | None) -> tuple[CapturedStep, Plan]:
-    """The cheapest plan over the chunk counts ``split`` asks for, with its capture.
+def chunks_of(captured: CapturedStep) -> tuple[int, int]:
+    """(head chunks, MLP chunks) the captured step runs in (1: unsplit)."""
+    head = captured.row_splits[0].chunks if captured.row_splits else 1
+    return head, captured.mlp_splits.chunks
 
-    ``capture(k)`` captures the step split into k row chunks; ``plan(captured, budget_bytes)``
-    plans it. An explicit k that cannot split raises `frontends.row_split.RowSplitError`;
-    ``auto`` then plans unsplit and says why in the plan's message. Raises the
-    `InfeasibleBudgetError` naming the smallest budget any candidate needs when none fits.
+
+Candidate = tuple[int, int]
+"""(head chunks, MLP chunks)."""
+_Result = Plan | InfeasibleBudgetError | RowSplitError
+
+
+def plan_with_split(capture: Callable[[int, int], CapturedStep],
+                    plan: Callable[[CapturedStep, int], Plan],
+                    budget: int | str, split: object, allocator: AllocatorModel | None,
+                    split_mlp: object = None) -> tuple[CapturedStep, Plan]:
+    """The cheapest plan over the chunk counts ``split`` and ``split_mlp`` ask for, with its capture.
+
+    ``capture(k, m)`` captures the step with the head in k and the MLPs in m row chunks;
+    ``plan(captured, budget_bytes)`` plans it. An explicit split that cannot be made raises
+    `frontends.row_split.RowSplitError`; ``auto`` then plans without it and says why in the
+    plan's message. Raises the `InfeasibleBudgetError` naming the smallest budget any candidate
+    needs when none fits.
     """
-    choices = check_split(split)
-    auto = split == "auto"
-    unsplit = capture(1) if 1 in choices or _is_percentage(budget) else None
+    heads, mlps = check_split(split), mlp_choices(split, split_mlp)
+    auto = split == "auto" or split_mlp == "auto"
+    first = (heads[0], mlps[0])
+    unsplit = capture(1, 1) if first == (1, 1) or _is_percentage(budget) else None
     allocator = allocator or AllocatorModel(block_bytes=1)
     reference = 0 if unsplit is None else store_all_peak_bytes(unsplit.graph, allocator)
     budget = resolve_budget(budget, reference)  # a percentage is of the unsplit step
-    tried: list[tuple[int, CapturedStep | None, Plan | InfeasibleBudgetError | RowSplitError]] = []
-    for k in choices:
-        try:
-            captured = unsplit if k == 1 else capture(k)
-        except RowSplitError as err:
-            if not auto:
-                raise
-            tried.append((k, None, err))
-            break  # the same chain is refused at every k
-        try:
-            tried.append((k, captured, plan(captured, budget)))
-        except InfeasibleBudgetError as err:
-            tried.append((k, captured, err))
-        if auto and isinstance(tried[-1][2], Plan) and tried[-1][2].extra_time_s == 0:
-            break  # nothing recomputed: more chunks cannot make the step cheaper
-    plans = [(k, c, p) for k, c, p in tried if isinstance(p, Plan)]
+    tried: list[tuple[Candidate, CapturedStep | None, _Result]] = []
+
+    def search(candidates: list[Candidate], may_refuse: bool) -> None:
+        for k, m in candidates:
+            try:
+                captured = unsplit if (k, m) == (1, 1) and unsplit is not None else capture(k, m)
+            except RowSplitError as err:
+                if not may_refuse:
+                    raise
+                tried.append(((k, m), None, err))
+                return  # the same chain is refused at every chunk count
+            try:
+                tried.append(((k, m), captured, plan(captured, budget)))
+            except InfeasibleBudgetError as err:
+                tried.append(((k, m), captured, err))
+            if auto and isinstance(tried[-1][2], Plan) and tried[-1][2].extra_time_s == 0:
+                return  # nothing recomputed: more chunks cannot make the step cheaper
+
+    search([(k, mlps[0]) for k in heads], split == "auto")
+    if len(mlps) > 1 and not _recomputes_nothing(tried):
+        search([(_best_head(tried), m) for m in mlps[1:]], split_mlp in (None, "auto"))
+    plans = [(c, cap, p) for c, cap, p in tried if isinstance(p, Plan)]
     if not plans:
+        refused = [e for _, _, e in tried if isinstance(e, RowSplitError)]
+        if len(refused) == len(tried):  # the one split asked for with every k (split_mlp=m) was refused
+            raise refused[0]
         raise _smallest_infeasible(tried, budget)
-    k, captured, chosen = min(plans, key=lambda t: (t[2].objective, t[0]))
+    (k, m), captured, chosen = min(plans, key=lambda t: (t[2].objective, t[0][0] * t[0][1], t[0]))
     if not auto:
         return captured, chosen
-    summary = ", ".join(_tried_text(k_, result) for k_, _, result in tried)
-    note = f"split='auto' chose {k} row chunk{'s' if k > 1 else ''} ({summary})"
+    summary = ", ".join(_tried_text(c, result) for c, _, result in tried)
+    mlp_text = f" and {m} for the MLPs" if len(mlps) > 1 else ""
+    note = f"split='auto' chose {k} row chunk{'s' if k > 1 else ''}{mlp_text} ({summary})"
     return captured, dataclasses.replace(chosen, message="; ".join(filter(None, (chosen.message, note))))
+
+
+def _recomputes_nothing(tried) -> bool:
+    return any(isinstance(p, Plan) and p.extra_time_s == 0 for _, _, p in tried)
+
+
+def _best_head(tried) -> int:
+    """The head's chunk count with the cheapest plan, else with the least smallest feasible budget."""
+    plans = [(c, p) for c, _, p in tried if isinstance(p, Plan)]
+    if plans:
+        return min(plans, key=lambda t: (t[1].objective, t[0]))[0][0]
+    errors = [(c, e) for c, _, e in tried if isinstance(e, InfeasibleBudgetError)]
+    if not errors:
+        return 1
+    return min(errors, key=lambda t: (t[1].smallest_feasible_bytes is None,
+                                      t[1].smallest_feasible_bytes or 0, t[0]))[0][0]
 
 
 def _is_percentage(budget: int | str) -> bool:
     return isinstance(budget, str) and budget.strip().endswith("%")
 
 
-def _tried_text(k: int, result: Plan | InfeasibleBudgetError | RowSplitError) -> str:
+def _tried_text(candidate: Candidate, result: _Result) -> str:
+    k, m = candidate
+    name = f"k={k}" + (f"/mlp={m}" if m > 1 else "")
     if isinstance(result, Plan):
-        return f"k={k}: {result.extra_percent:.2f}% extra compute"
+        return f"{name}: {result.extra_percent:.2f}% extra compute"
     if isinstance(result, RowSplitError):
-        return f"k={k}: not split ({result})"
+        return f"{name}: not split ({result})"
     needs = result.smallest_feasible_bytes
-    return f"k={k}: infeasible" + (f" (needs {needs} B)" if needs is not None else "")
+    return f"{name}: infeasible" + (f" (needs {needs} B)" if needs is not None else "")
 
 
 def _smallest_infeasible(tried, budget_bytes: int) -> InfeasibleBudgetError:
     """The error of the candidate whose smallest feasible budget is least, saying which k."""
     errors = [(k, e) for k, _, e in tried if isinstance(e, InfeasibleBudgetError)]
-    k, best = min(errors, key=lambda t: (t[1].smallest_feasible_bytes is None,
-                                         t[1].smallest_feasible_bytes or 0))
+    (k, m), best = min(errors, key=lambda t: (t[1].smallest_feasible_bytes is None,
+                                              t[1].smallest_feasible_bytes or 0))
     lowers = [e.lower_bound_bytes for _, e in errors]
     lower = None if any(b is None for b in lowers) else min(lowers)
+    least = f"k={k}" + (f", {m} MLP chunks" if m > 1 else "")
     detail = "" if len(errors) == 1 else \
-        f" (row chunks tried: {', '.join(str(k_) for k_, _ in errors)}; the least needs k={k})"
+        f" (row chunks tried: {', '.join(_name(c) for c, _ in errors)}; the least needs {least})"
     return InfeasibleBudgetError(budget_bytes, best.smallest_feasible_bytes, detail,
                                  exact=best.exact and len(errors) == 1, lower_bound_bytes=lower)
+
+
+def _name(candidate: Candidate) -> str:
+    k, m = candidate
+    return str(k) if m == 1 else f"{k}/mlp {m}"
