@@ -4,6 +4,10 @@ The model's parameters and the inputs become meta tensors, so capture allocates 
 batch of 10^6 costs what a batch of 1 does. `MetaCapturer` also serves ``--dtype``: floating
 parameters and inputs are cast on the meta device, so a bf16 what-if needs neither the memory
 nor the hardware. `optimizer.planning.batch_search` searches over the captures.
+
+A search probes many batch sizes; `MetaCapturer.scale_to` fits the step's sizes and costs over
+the batch from two captures and checks the fit with a third (`optimizer.planning.batch_scaling`),
+after which `graph_at` answers every batch in the checked range by arithmetic instead of a capture.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from frontends.costed_capture import capture_with_costs
+from frontends.costs import cost_model_from_name, op_bytes_moved
+from optimizer.ir.graph import RematGraph
+from optimizer.planning.batch_scaling import BatchScaling, ScalingMismatch, StepSample, fit_batch_scaling
 from optimizer.planning.batch_search import DTYPES, WhatIfError
 
 
@@ -31,6 +38,10 @@ class MetaCapturer:
         self.inputs = tuple(inputs)
         self.batch_dim, self.base_batch = infer_batch(self.inputs, batch_dim)
         self._cache: dict[int, Any] = {}
+        self.scaling: BatchScaling | None = None
+        """The checked fit `graph_at` predicts with (None: every batch is captured)."""
+        self.scaling_note = ""
+        """Why there is no fit, when `scale_to` tried and failed."""
 
     def at(self, batch: int | None = None):
         """The `CapturedStep` at ``batch`` (default: the example inputs' batch)."""
@@ -39,6 +50,61 @@ class MetaCapturer:
             inputs = inputs_at_batch(self.inputs, self.batch_dim, self.base_batch, batch, self.dtype)
             self._cache[batch] = capture_with_costs(self.model, inputs, None, self.cost_model)
         return self._cache[batch]
+
+    def graph_at(self, batch: int | None = None) -> RematGraph:
+        """The step's graph at ``batch``: predicted inside the checked range of `scale_to`'s fit
+        (the graph a capture would give), captured otherwise."""
+        batch = self.base_batch if batch is None else batch
+        if self.scaling is not None and self.scaling.covers(batch) and batch not in self._cache:
+            return self.scaling.predict(batch)
+        return self.at(batch).graph
+
+    def predicted_at(self, batch: int) -> RematGraph | None:
+        """The fit's graph at ``batch`` even outside the checked range (an extrapolation, for
+        choosing where to check it); None without a fit."""
+        return None if self.scaling is None else self.scaling.predict(batch)
+
+    def fit_scaling(self) -> bool:
+        """Fit sizes and costs over the batch from the example's batch and ``2 * batch + 1`` (a
+        capture each; the fit is then checked on those two only). False, with `scaling_note`,
+        when the two graphs differ in structure or the cost model is measured."""
+        base = self.base_batch
+        if self.scaling is not None:
+            return True
+        if base is None:
+            return False
+        if cost_model_from_name(self.cost_model).measured:
+            self.scaling_note = "measured costs do not scale with the batch: every batch is captured"
+            return False
+        try:
+            self.scaling = fit_batch_scaling(self.sample(base), self.sample(2 * base + 1),
+                                             self.at(base).cost_model.seconds)
+        except ScalingMismatch as err:
+            self.scaling_note = f"sizes are not affine in the batch ({err}): every batch is captured"
+            return False
+        return True
+
+    def check_scaling(self, batch: int) -> bool:
+        """Check the fit against a capture at ``batch`` and widen its checked range to it; a fit
+        that fails there is dropped (`scaling_note` says where) and every batch is captured."""
+        if self.scaling is None:
+            return False
+        if self.scaling.covers(batch):
+            return True
+        try:
+            self.scaling = self.scaling.check(self.sample(batch))
+        except ScalingMismatch as err:
+            self.scaling = None
+            self.scaling_note = f"sizes are not affine in the batch ({err}): every batch is captured"
+            return False
+        return True
+
+    def sample(self, batch: int) -> StepSample:
+        """The capture at ``batch`` with each op group's bytes moved (the roofline's memory term)."""
+        step = self.at(batch)
+        moved = {node.name: float(op_bytes_moved(node)) for node in step.gm.graph.nodes
+                 if node.op == "call_function" and node.name in step.graph.groups}
+        return StepSample(batch, step.graph, moved)
 
     @property
     def captures(self) -> int:

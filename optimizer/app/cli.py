@@ -40,6 +40,7 @@ from optimizer.ir.plan import Plan
 from optimizer.ir.plan_text import format_plan
 from optimizer.planning.batch_search import DEFAULT_LIMIT, DTYPES, WhatIfError
 from optimizer.planning.distributed_budget import DataParallelConfig, format_rank_breakdown
+from optimizer.planning.parallel import default_jobs
 from optimizer.planning.sweep import ALL_STRATEGIES, count_solves, parse_sweep
 from solvers import SOLVERS
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError
@@ -110,6 +111,10 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
                              "4, 8 and keep the cheapest plan that fits), so the whole logits no "
                              "longer set the memory floor; README 'Splitting huge ops'")
+    parser.add_argument("--outputs", choices=("all", "loss"), default="all",
+                        help="all (default): the module returns every output; loss: only the scalar "
+                             "losses (None in place of the logits and other tensors), so their memory "
+                             "stops counting; README 'Splitting huge ops'")
     parser.add_argument("--runtime", choices=("graph", "eager"), default="graph",
                         help="graph (default): run the plan as rewritten graphs (optimize); eager: "
                              "plan torch.utils.checkpoint regions with selective-checkpoint policies "
@@ -151,6 +156,9 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     whatif.add_argument("--torch-budgets", metavar="LIST", default="0:1:0.1",
                         help="activation_memory_budget values for torch-min-cut: START:STOP:STEP "
                              "or a comma list in [0, 1] (default 0:1:0.1)")
+    whatif.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+                        help="workers for the independent searches and solves of a what-if "
+                             f"(default: the {default_jobs()} cores this process may use)")
     whatif.add_argument("--report", metavar="FILE",
                         help="write a self-contained report with the plots: FILE.html or FILE.md")
     whatif.add_argument("--plots", metavar="DIR", help="write the plots as PNG files into DIR")
@@ -221,6 +229,7 @@ def _side_effects_policy(args: argparse.Namespace):
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
+    from frontends.output_selection import NoLossOutputError  # heavy: torch, as below
     from frontends.row_split import RowSplitError  # heavy: torch, not imported for --help or a usage error
 
     try:
@@ -229,6 +238,8 @@ def _planning_errors(budget: str | int):
         raise CliError(str(err), EXIT_TRACE) from None
     except RowSplitError as err:
         raise CliError(f"--split: {err}", EXIT_USAGE) from None
+    except NoLossOutputError as err:
+        raise CliError(f"--outputs: {err}", EXIT_USAGE) from None
     except InfeasibleBudgetError as err:
         hint = ""
         if err.smallest_feasible_bytes is not None:
@@ -276,7 +287,8 @@ def run(args: argparse.Namespace) -> str:
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
                           milp_engine=args.milp_engine, grad_outputs=args.grad_outputs,
-                          python_side_effects=args.python_side_effects, split=_split(args.split))
+                          python_side_effects=args.python_side_effects, split=_split(args.split),
+                          outputs=args.outputs)
     plan = module.plan
     measured = None
     if args.measure:
@@ -409,6 +421,8 @@ def run_whatif(args: argparse.Namespace) -> str:
         raise CliError(f"--report {args.report}: the name must end in .html or .md", EXIT_USAGE)
     if args.batch_limit < 1:
         raise CliError("--batch-limit must be at least 1", EXIT_USAGE)
+    if args.jobs < 1:
+        raise CliError("--jobs must be at least 1", EXIT_USAGE)
     for path in (args.json, args.report):
         if path:
             _check_writable(path)
@@ -422,7 +436,7 @@ def run_whatif(args: argparse.Namespace) -> str:
         options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose, milp_engine=args.milp_engine),
         cost_model=cost_model, allocator=allocator, device=args.device, dtype=args.dtype,
         batch_dim=args.batch_dim, batch_limit=args.batch_limit, torch_fractions=fractions,
-        plots=bool(args.report or args.plots),
+        plots=bool(args.report or args.plots), jobs=args.jobs,
     )
     total = None if args.max_batch else 2 + count_solves(strategies, len(sweep))
     with _planning_errors(budget), _side_effects_policy(args), _progress_bar(total) as tick:

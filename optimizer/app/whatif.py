@@ -21,12 +21,15 @@ from optimizer.app.report import GraphFacts, WhatIfReport, WhatIfSettings
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import resolve_budget
 from optimizer.ir.timeline import memory_timeline
+from optimizer.planning.batch_scaling import ScalingMismatch
 from optimizer.planning.batch_search import (
     DEFAULT_LIMIT,
     StrategyUnavailable,
     WhatIfError,
     cheap_fit,
+    classic_floor,
     find_max_batches,
+    lower_bound_ceiling,
 )
 from optimizer.planning.planner import SEARCHING_SOLVERS, store_all_peak_bytes
 from optimizer.planning.sweep import (
@@ -40,8 +43,13 @@ from optimizer.planning.sweep import (
 )
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
+from solvers.checkmate.min_budget import peak_lower_bound
 
 Progress = Callable[[str], None]
+
+SLOWEST_SEARCHES = {TORCH_STRATEGY: 3, "greedy": 2, REMAT_OPT: 2, "chain-dp": 1}
+"""Which largest-batch searches to hand out first to parallel workers (torch runs its partitioner
+at every batch it confirms; greedy and the exact solver solve at each probe)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +74,10 @@ class WhatIfRequest:
     torch_fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     plots: bool = True
     bounds: bool = True
-    """Answer largest-batch probes from cheap bounds where they settle them (`cheap_fit`)."""
+    """Answer largest-batch probes from cheap bounds where they settle them (`cheap_fit`), and
+    predict each batch's graph from a fit checked by captures (`MetaCapturer.fit_scaling`)."""
+    jobs: int = 1
+    """Workers for the independent searches and solves (`optimizer.planning.parallel`)."""
 
 
 def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | None = None) -> WhatIfReport:
@@ -110,8 +121,14 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
         if budget_bytes is None:
             raise WhatIfError("the largest-batch search needs a budget: give --budget (or --device)")
 
+        def decide(step, strategy: str, budget: int):
+            if strategy == TORCH_STRATEGY:
+                return None
+            searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
+            return cheap_fit(step.graph, budget, allocator, searching, request.options)
+
         def evaluate(step, strategy: str, budget: int):
-            externals = _torch_points(step, request.torch_fractions) if strategy == TORCH_STRATEGY else ()
+            externals = torch_partitions(step.batch) if strategy == TORCH_STRATEGY else ()
             result = run_sweep(step.graph, [budget], strategies=(strategy,), solver=request.solver,
                                options=request.options, allocator=allocator, externals=externals)
             unusable = [p for p in result.points if p.status in (Status.NOT_APPLICABLE, Status.FAILED)]
@@ -119,17 +136,64 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                 raise StrategyUnavailable(unusable[0].message)
             return result.best_at(strategy, budget)
 
-        def decide(step, strategy: str, budget: int):
-            if strategy == TORCH_STRATEGY:
-                return None
-            searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
-            return cheap_fit(step.graph, budget, allocator, searching, request.options)
+        partitions: dict[int, tuple[ExternalSchedule, ...]] = {}
+        latest: list[int] = []
 
-        max_batch = find_max_batches(capturer, budget_bytes, request.strategies, evaluate,
-                                     limit=request.batch_limit, progress=tick,
-                                     decide=decide if request.bounds else None)
+        def torch_partitions(batch: int) -> tuple[ExternalSchedule, ...]:
+            if batch not in partitions:
+                partitions[batch] = _torch_points(capturer.at(batch), request.torch_fractions)
+            latest[:] = [batch]
+            return partitions[batch]
+
+        def torch_stand_in(step, strategy: str, budget: int):
+            """torch's partitions of the last batch it ran at (the example's at first), judged on
+            this batch's graph: the search re-centres and confirms it with torch itself."""
+            externals = partitions[latest[0]] if latest else torch_partitions(capturer.base_batch)
+            result = run_sweep(step.graph, [budget], strategies=(strategy,), options=request.options,
+                               allocator=allocator, externals=externals)
+            return result.best_at(strategy, budget)
+
+        ceiling = (_scaled_ceiling(capturer, budget_bytes, allocator, request.batch_limit, tick)
+                   if request.bounds else None)
+        near = {}
+        if ceiling is not None and request.solver in SEARCHING_SOLVERS:
+            near[REMAT_OPT] = classic_floor(capturer.graph_at, budget_bytes, allocator, request.batch_limit,
+                                            start=ceiling - 1, high=ceiling) or 1
+        max_batch = find_max_batches(
+            capturer, budget_bytes, request.strategies, evaluate, limit=request.batch_limit, progress=tick,
+            decide=decide if request.bounds else None, ceiling=ceiling,
+            approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
+            if capturer.scaling is not None else None,
+            near=near, jobs=request.jobs, slowest_first=SLOWEST_SEARCHES, in_parent=(TORCH_STRATEGY,),
+        )
     report = WhatIfReport(settings, facts, sweep, max_batch, timelines)
     return replace(report, plots=_plots(report)) if request.plots else report
+
+
+def _scaled_ceiling(capturer: MetaCapturer, budget_bytes: int, allocator: AllocatorModel, limit: int,
+                    tick: Progress) -> int | None:
+    """The batch no schedule fits, from the fitted graphs (`MetaCapturer.fit_scaling`), with the
+    fit checked by a capture at that batch; None (and every batch captured) where the fit fails.
+
+    The lower bound is searched on the fit's extrapolation, the fit is checked at the ceiling it
+    finds, and the bound is confirmed on both sides of it on graphs the check covers."""
+    if not capturer.fit_scaling():
+        return None
+    try:
+        guess = lower_bound_ceiling(capturer.predicted_at, budget_bytes, allocator, limit, start=capturer.base_batch)
+    except ScalingMismatch as err:  # the extrapolation left whole numbers: the fit cannot be right
+        tick(f"sizes are not affine in the batch ({err}): every batch is captured")
+        capturer.scaling = None
+        return None
+    if not capturer.check_scaling(min(guess or limit, limit)):
+        tick(capturer.scaling_note)
+        return None
+    tick(f"sizes fitted over the batch and checked up to batch {capturer.scaling.checked[1]}")
+    if guess is None or guess <= 1:
+        return guess
+    room = allocator.solver_budget(budget_bytes)
+    below, at = (peak_lower_bound(allocator.apply(capturer.graph_at(b))) for b in (guess - 1, guess))
+    return guess if below <= room < at else None
 
 
 def _torch_points(step, fractions: tuple[float, ...]) -> tuple[ExternalSchedule, ...]:

@@ -16,11 +16,12 @@ The search is pure; `frontends.meta_capture.MetaCapturer` captures the steps it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.simulator import simulate
+from optimizer.planning.parallel import map_forked
 from optimizer.planning.sweep import SweepPoint
 from solvers import get_solver
 from solvers.base import SolverOptions
@@ -80,15 +81,16 @@ class MaxBatchResult:
     limit: int
     fits: tuple[BatchFit, ...]
     captures: int
-    """Distinct batch sizes captured (every strategy shares them)."""
+    """Captures made (sizes the fitted graphs answered took none; parallel workers capture apart)."""
 
 
 def search_max_batch(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT,
-                     start: int = 1) -> tuple[int, bool, tuple]:
+                     start: int = 1, high: int | None = None) -> tuple[int, bool, tuple]:
     """Largest b in [1, limit] with ``fits(b)``, assuming fits is monotone (true, then false).
 
     Starts at ``start`` (the example's batch is a good guess), doubles while it fits or halves
     until it does, then bisects between the last batch that fits and the first that does not.
+    ``high``: a batch already known not to fit (no probe at or above it).
     Returns (batch, capped, probes): batch 0 when not even 1 fits; capped when ``limit`` fits.
     """
     probes: list[tuple[int, bool]] = []
@@ -98,10 +100,11 @@ def search_max_batch(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT,
         probes.append((b, ok))
         return ok
 
-    if limit < 1:
+    if limit < 1 or high is not None and high <= 1:
         return 0, False, ()
-    low, high = 0, None  # fits(low) (0 stands for "nothing yet"), not fits(high)
-    b = max(1, min(start, limit))
+    known_unfit = high if high is not None and high <= limit else None
+    low, high = 0, known_unfit  # fits(low) (0 stands for "nothing yet"), not fits(high)
+    b = max(1, min(start, limit, (high or limit + 1) - 1))
     if probe(b):
         low = b
         while high is None:
@@ -131,72 +134,211 @@ def search_max_batch(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT,
     return low, False, tuple(probes)
 
 
+def search_near(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT, start: int = 1,
+                high: int | None = None) -> tuple[int, bool, tuple]:
+    """`search_max_batch` for a good guess ``start``: steps of 1, 2, 4, ... away from it, then
+    bisection, so an answer d away costs about 2 log2(d) + 2 probes (2 when the guess is right)."""
+    probes: list[tuple[int, bool]] = []
+
+    def probe(b: int) -> bool:
+        ok = fits(b)
+        probes.append((b, ok))
+        return ok
+
+    top = min(limit, high - 1) if high is not None else limit
+    if top < 1:
+        return 0, False, ()
+    b = max(1, min(start, top))
+    step = 1
+    if probe(b):
+        low, high = b, None
+        while high is None:
+            if low == top:
+                return low, top == limit, tuple(probes)
+            b = min(low + step, top)
+            step *= 2
+            if probe(b):
+                low = b
+            else:
+                high = b
+    else:
+        low, high = 0, b
+        while low == 0 and high > 1:
+            b = max(1, high - step)
+            step *= 2
+            if probe(b):
+                low = b
+            else:
+                high = b
+        if low == 0:
+            return 0, False, tuple(probes)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if probe(mid):
+            low = mid
+        else:
+            high = mid
+    return low, False, tuple(probes)
+
+
+RECENTRE = 3
+"""How often a stand-in search is re-centred on the evaluation at its answer before confirming."""
+
+
 class BatchCapturer(Protocol):
     """What the search needs of a capture at any batch size (`frontends.meta_capture.MetaCapturer`
-    is the torch implementation): the step at a batch, and the batch the example inputs have."""
+    is the torch implementation): the graph at a batch (predicted where a checked fit covers
+    it), the captured step where a strategy needs torch's graph, and the example's batch."""
 
     batch_dim: int | None
     base_batch: int | None
 
     def at(self, batch: int | None = None) -> Any: ...
 
+    def graph_at(self, batch: int | None = None) -> RematGraph: ...
+
     @property
     def captures(self) -> int: ...
+
+
+class ProbeStep:
+    """One probe's step: ``graph`` (predicted or captured, as `BatchCapturer.graph_at` gives it)
+    and, only when asked for, ``captured`` (a real capture at that batch)."""
+
+    def __init__(self, capturer: BatchCapturer, batch: int) -> None:
+        self.capturer, self.batch = capturer, batch
+
+    @property
+    def graph(self) -> RematGraph:
+        return self.capturer.graph_at(self.batch)
+
+    @property
+    def captured(self) -> Any:
+        return self.capturer.at(self.batch)
+
+
+Evaluate = Callable[[ProbeStep, str, int], "SweepPoint | None"]
 
 
 def find_max_batches(
     capturer: BatchCapturer,
     budget_bytes: int,
     strategies: Sequence[str],
-    evaluate: Callable[[Any, str, int], SweepPoint | None],
+    evaluate: Evaluate,
     *,
     limit: int = DEFAULT_LIMIT,
     progress: Callable[[str], None] | None = None,
-    decide: Callable[[Any, str, int], bool | None] | None = None,
+    decide: Callable[[ProbeStep, str, int], bool | None] | None = None,
+    ceiling: int | None = None,
+    approximate: Callable[[str], Evaluate | None] | None = None,
+    near: Mapping[str, int] | None = None,
+    jobs: int = 1,
+    slowest_first: Mapping[str, int] | None = None,
+    in_parent: Sequence[str] = (),
 ) -> MaxBatchResult:
     """For each strategy, the largest batch whose plan fits ``budget_bytes``.
 
-    ``evaluate(captured, strategy, budget_bytes)`` returns the strategy's cheapest simulated plan
+    ``evaluate(step, strategy, budget_bytes)`` returns the strategy's cheapest simulated plan
     within the budget, or None when it has none (see `optimizer.planning.sweep.run_sweep` and
     `SweepResult.best_at`); it raises `StrategyUnavailable` when the strategy cannot run at all.
-    ``decide(captured, strategy, budget_bytes)`` answers a probe without solving where a cheap
+    ``decide(step, strategy, budget_bytes)`` answers a probe without solving where a cheap
     bound settles it (`cheap_fit`), or returns None; the plan at the answer is always solved, and
     a strategy whose solved plan there does not fit is searched again without shortcuts.
+    ``ceiling``: a batch no schedule fits (`lower_bound_ceiling`): no probe reaches it, and the
+    searches start just below it. ``approximate(strategy)``: a cheap stand-in for ``evaluate``
+    (torch's partitions of the last batch it evaluated, judged on each batch's graph): the search
+    runs on it, ``evaluate`` re-centres it at its answer (up to `RECENTRE` times) and `search_near`
+    confirms, or moves, the answer with ``evaluate`` itself. ``near``: strategy -> a batch its
+    answer is expected next to (the largest batch a classic schedule fits, for the exact
+    solver), searched from by `search_near`. ``jobs > 1`` searches the strategies on forked
+    workers (`optimizer.planning.parallel`), ``slowest_first`` (strategy -> weight) ordering them;
+    strategies in ``in_parent`` (those that run torch kernels) are searched in this process.
     """
     if capturer.batch_dim is None:
         raise WhatIfError("no batch dimension: the inputs have no tensor to grow; give --batch-dim")
     tick = progress or (lambda _: None)
-    results: list[BatchFit] = []
-    for strategy in strategies:
-        plans: dict[int, SweepPoint | None] = {}
+    start = capturer.base_batch if ceiling is None else max(1, ceiling - 1)
 
-        def fits(batch: int, shortcuts: bool = True) -> bool:
-            quick = decide(capturer.at(batch), strategy, budget_bytes) if decide and shortcuts else None
+    def search_one(strategy: str) -> tuple[BatchFit, int]:
+        plans: dict[int, SweepPoint | None] = {}
+        before = capturer.captures
+
+        def fits(batch: int, shortcuts: bool = True, judge: Evaluate = evaluate) -> bool:
+            step = ProbeStep(capturer, batch)
+            quick = decide(step, strategy, budget_bytes) if decide and shortcuts else None
             if quick is not None:
                 return quick
-            plans[batch] = evaluate(capturer.at(batch), strategy, budget_bytes)
-            tick(f"{strategy} at batch {batch}")
-            return plans[batch] is not None
+            plan = judge(step, strategy, budget_bytes)
+            if judge is evaluate:
+                plans[batch] = plan
+                if jobs <= 1:  # a worker's progress would interleave with the parent's display
+                    tick(f"{strategy} at batch {batch}")
+            return plan is not None
 
+        guess = (near or {}).get(strategy)
+        search, first = (search_near, guess) if guess else (search_max_batch, start)
+        stand_in = approximate(strategy) if approximate else None
         try:
-            best, capped, probes = search_max_batch(fits, limit, start=capturer.base_batch)
+            if stand_in is not None:
+                first, _, _ = search(lambda b: fits(b, judge=stand_in), limit, start=first, high=ceiling)
+                for _ in range(RECENTRE):
+                    fits(max(first, 1))  # evaluated there: the stand-in now judges with that batch's choices
+                    moved, _, _ = search_near(lambda b: fits(b, judge=stand_in), limit, start=max(first, 1),
+                                              high=ceiling)
+                    if moved == first:
+                        break
+                    first = moved
+                best, capped, probes = search_near(fits, limit, start=max(first, 1), high=ceiling)
+            else:
+                best, capped, probes = search(fits, limit, start=first, high=ceiling)
             if best and best not in plans:  # decided by a bound: the plan there is still solved
                 if not fits(best, shortcuts=False):
                     plans.clear()
-                    best, capped, probes = search_max_batch(lambda b: fits(b, shortcuts=False), limit,
-                                                            start=capturer.base_batch)
+                    best, capped, probes = search(lambda b: fits(b, shortcuts=False), limit,
+                                                  start=first, high=ceiling)
         except StrategyUnavailable as err:
-            results.append(BatchFit(strategy, 0, False, None, None, (), f"not applicable: {err}",
-                                    applicable=False))
-            continue
+            return BatchFit(strategy, 0, False, None, None, (), f"not applicable: {err}",
+                            applicable=False), capturer.captures - before
         point = plans.get(best) if best else None
-        step = capturer.at(best).graph.base_cost if best else None
+        step = capturer.graph_at(best).base_cost if best else None
         message = "" if best else "not even a batch of 1 fits the budget"
         if capped:
             message = f"still fits at the search limit {limit}: the peak may not grow with this batch dimension"
-        results.append(BatchFit(strategy, best, capped, point, step, probes, message))
-    return MaxBatchResult(budget_bytes, capturer.batch_dim, capturer.base_batch, limit, tuple(results),
-                          capturer.captures)
+        return BatchFit(strategy, best, capped, point, step, probes, message), capturer.captures - before
+
+    order = sorted(strategies, key=lambda s: -(slowest_first or {}).get(s, 0))
+    if jobs > 1:
+        tick(f"searching {len(order)} strategies on {min(jobs, len(order))} workers")
+    done = dict(zip(order, map_forked(search_one, order, jobs, here=lambda s: s in in_parent)))
+    results = [done[s][0] for s in strategies]
+    captures = capturer.captures + (sum(done[s][1] for s in strategies) if jobs > 1 else 0)
+    return MaxBatchResult(budget_bytes, capturer.batch_dim, capturer.base_batch, limit, tuple(results), captures)
+
+
+def lower_bound_ceiling(graph_at: Callable[[int], RematGraph], budget_bytes: int, allocator: AllocatorModel,
+                        limit: int = DEFAULT_LIMIT, start: int = 1) -> int | None:
+    """The smallest batch at which the lower bound on every schedule's peak exceeds the budget
+    (no strategy fits there or, the peak growing with the batch, above); None when even
+    ``limit`` passes the bound."""
+    room = allocator.solver_budget(budget_bytes)
+
+    def passes(batch: int) -> bool:
+        return peak_lower_bound(allocator.apply(graph_at(batch))) <= room
+
+    best, capped, _ = search_max_batch(passes, limit, start=start)
+    return None if capped else best + 1
+
+
+def classic_floor(graph_at: Callable[[int], RematGraph], budget_bytes: int, allocator: AllocatorModel,
+                  limit: int = DEFAULT_LIMIT, start: int = 1, high: int | None = None) -> int:
+    """The largest batch at which store-all or recompute-all fits (0: not even 1): a searching
+    solver fits there too, and its answer is usually right above (two simulations per probe)."""
+    room = allocator.solver_budget(budget_bytes)
+
+    def fits(batch: int) -> bool:
+        return min(c.peak for c in classic_schedules(allocator.apply(graph_at(batch)))) <= room
+
+    return search_max_batch(fits, limit, start=start, high=high)[0]
 
 
 def cheap_fit(graph: RematGraph, budget_bytes: int, allocator: AllocatorModel, searching: bool,
