@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
@@ -23,21 +24,33 @@ def store_all_schedule(graph: RematGraph) -> Schedule:
     return Schedule.from_computes(graph, forward, backward)
 
 
+class _ClosureTables:
+    """Per-graph lookups for `forward_closure` (built once per graph, see `per_graph`): saved-set
+    solvers call it for every candidate they try."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.forward_inputs = {n.name: n.inputs for n in graph.ops if n.phase is Phase.FORWARD}
+        """Forward op -> its inputs: the ops a closure may recompute."""
+        self.members = {n.name: graph.group_of(n.name) for n in graph.ops if n.phase is Phase.FORWARD}
+        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
+
+
 def forward_closure(graph: RematGraph, targets: list[str], available: set[str]) -> list[str]:
     """Forward values needed to compute ``targets`` from ``available``, in topological order."""
+    tables = per_graph(graph, _ClosureTables)
+    inputs_of, members_of = tables.forward_inputs, tables.members
     needed: set[str] = set()
     stack = [t for t in targets if t not in available]
     while stack:
         name = stack.pop()
         if name in needed or name in available:
             continue
-        node = graph[name]
-        if not node.is_op or node.phase is not Phase.FORWARD:
+        inputs = inputs_of.get(name)
+        if inputs is None:
             raise ValueError(f"cannot recompute {name!r}: it is not a forward op")
-        for member in graph.group_of(name):
-            needed.add(member)
-        stack.extend(i for i in node.inputs if i not in available)
-    return sorted(needed, key=graph.position)
+        needed.update(members_of[name])
+        stack.extend(i for i in inputs if i not in available)
+    return sorted(needed, key=tables.position.__getitem__)
 
 
 def kept_through_backward(graph: RematGraph) -> set[str]:

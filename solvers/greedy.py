@@ -44,28 +44,6 @@ class _FamilyTables:
             if graph[i].is_op and graph[i].phase is Phase.FORWARD
         }
         self.droppable = frozenset(read_in_backward - self.kept)
-        self.forward_inputs = {n.name: n.inputs for n in graph.ops if n.phase is Phase.FORWARD}
-        """Forward op -> its inputs: the ops `_forward_closure` may recompute."""
-        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
-
-
-def _forward_closure(graph: RematGraph, tables: _FamilyTables, targets: list[str],
-                     available: set[str]) -> list[str]:
-    """`solvers.baselines.forward_closure` from the per-graph tables: the same walk, the same
-    result; a value that is not a forward op is left to the original, which names it."""
-    inputs_of, members_of = tables.forward_inputs, tables.members
-    needed: set[str] = set()
-    stack = [t for t in targets if t not in available]
-    while stack:
-        name = stack.pop()
-        if name in needed or name in available:
-            continue
-        inputs = inputs_of.get(name)
-        if inputs is None:
-            return forward_closure(graph, targets, available)  # raises: not a forward op
-        needed.update(members_of[name])
-        stack.extend(i for i in inputs if i not in available)
-    return sorted(needed, key=tables.position.__getitem__)
 
 
 def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once: bool = False) -> Schedule:
@@ -86,7 +64,7 @@ def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once
                 missing = [i for i in inputs if i not in available]
                 # Per reader: only the values this op reads stay available, the rest of the closure
                 # dies after it (a later reader recomputes it). Once: the whole closure stays.
-                closure = _forward_closure(graph, tables, missing, available)
+                closure = forward_closure(graph, missing, available)
                 backward.extend(closure)
                 for name in closure if recompute_once else missing:
                     available.update(members_of.get(name) or graph.group_of(name))

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from test_max_batch import tiny
 from torch import nn
 
 from frontends.meta_capture import MetaCapturer
@@ -14,15 +15,6 @@ from optimizer.app.whatif import WhatIfRequest, what_if
 from optimizer.planning.batch_search import search_max_batch, search_near
 from optimizer.planning.parallel import map_forked
 from solvers.base import SolverOptions
-
-
-class TinyNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 10)
-
-    def forward(self, x, labels):
-        return nn.functional.cross_entropy(self.fc2(torch.tanh(self.fc1(x))), labels)
 
 
 class Similarity(nn.Module):
@@ -35,11 +27,6 @@ class Similarity(nn.Module):
     def forward(self, x):
         z = self.proj(x)
         return torch.logsumexp(z @ z.t(), dim=1).mean()
-
-
-def tiny():
-    torch.manual_seed(0)
-    return TinyNet(), (torch.randn(8, 16), torch.randint(0, 10, (8,)))
 
 
 def test_fitted_graph_equals_the_capture_inside_the_checked_range():

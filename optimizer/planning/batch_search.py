@@ -125,13 +125,18 @@ def search_max_batch(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT,
                 high = b
         if low == 0:
             return 0, False, tuple(probes)
+    return _bisect(probe, low, high), False, tuple(probes)
+
+
+def _bisect(probe: Callable[[int], bool], low: int, high: int) -> int:
+    """The last batch that fits between ``low`` (fits) and ``high`` (does not)."""
     while high - low > 1:
         mid = (low + high) // 2
         if probe(mid):
             low = mid
         else:
             high = mid
-    return low, False, tuple(probes)
+    return low
 
 
 def search_near(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT, start: int = 1,
@@ -172,13 +177,7 @@ def search_near(fits: Callable[[int], bool], limit: int = DEFAULT_LIMIT, start: 
                 high = b
         if low == 0:
             return 0, False, tuple(probes)
-    while high - low > 1:
-        mid = (low + high) // 2
-        if probe(mid):
-            low = mid
-        else:
-            high = mid
-    return low, False, tuple(probes)
+    return _bisect(probe, low, high), False, tuple(probes)
 
 
 RECENTRE = 3
