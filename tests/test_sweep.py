@@ -142,3 +142,25 @@ def test_remat_opt_lies_on_or_below_every_other_strategy(mlp_sweep):
         assert ours.ok and ours.peak_bytes <= peak
         assert ours.extra_time_s <= extra * (1 + 1e-9) + 1e-15, (peak, extra, ours)
     assert solved < len(cheapest_at)  # the sweep itself answers most of the comparisons
+
+
+def test_parallel_sweep_gives_the_same_points_in_the_same_order():
+    graph = chain(12)
+    budgets = parse_sweep("40%:100%:20")
+    torch_calls = []
+
+    def externals():  # runs in this process, while the workers solve
+        torch_calls.append(1)
+        return (ExternalSchedule(TORCH_STRATEGY, "store-all", store_all_schedule(graph)),)
+
+    strategies = (REMAT_OPT, "greedy", "chen", "revolve", "store-all", TORCH_STRATEGY)
+    one = run_sweep(graph, budgets, strategies=strategies, externals=externals, options=SolverOptions(time_limit_s=10))
+    two = run_sweep(graph, budgets, strategies=strategies, externals=externals, options=SolverOptions(time_limit_s=10),
+                    jobs=2)
+
+    def facts(sweep):
+        return [(p.strategy, p.budget_bytes, p.setting, p.status, p.peak_bytes, p.extra_flops) for p in sweep.points]
+
+    assert facts(two) == facts(one)
+    assert len(torch_calls) == 2
+    assert {p.strategy for p in one.points} == set(strategies)

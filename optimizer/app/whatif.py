@@ -103,9 +103,12 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     )
 
     def sweep_at(step, budgets) -> SweepResult:
-        externals = _torch_points(step, request.torch_fractions) if TORCH_STRATEGY in request.strategies else ()
+        def externals():  # torch's partitioner runs in this process while the workers solve
+            return _torch_points(step, request.torch_fractions)
+
         return run_sweep(step.graph, budgets, strategies=request.strategies, solver=request.solver,
-                         options=request.options, allocator=allocator, externals=externals, progress=tick)
+                         options=request.options, allocator=allocator, externals=externals, progress=tick,
+                         jobs=request.jobs)
 
     sweep = sweep_at(captured, request.sweep) if request.sweep else None
     timeline_sweep = sweep

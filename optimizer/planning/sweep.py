@@ -29,6 +29,7 @@ from optimizer.ir.budget import BudgetError, format_bytes, parse_bytes, resolve_
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
+from optimizer.planning.parallel import map_forked
 from optimizer.planning.planner import store_all_peak_bytes
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError
@@ -178,14 +179,17 @@ def run_sweep(
     solver: str = "auto",
     options: SolverOptions = SolverOptions(),
     allocator: AllocatorModel | None = None,
-    externals: Sequence[ExternalSchedule] = (),
+    externals: Sequence[ExternalSchedule] | Callable[[], Sequence[ExternalSchedule]] = (),
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> SweepResult:
     """Plan ``graph`` with each of ``strategies`` at each of ``budgets`` (bytes, sizes or
-    percentages of store-all's peak); ``externals`` are simulated as they are.
+    percentages of store-all's peak); ``externals`` are simulated as they are (a callable is
+    called for them, in this process, while the workers solve).
 
     ``progress`` is called with a short description after every solve (for progress bars);
-    `count_solves` says how many calls to expect.
+    `count_solves` says how many calls to expect. ``jobs > 1`` solves on forked workers
+    (`optimizer.planning.parallel`), with the same points in the same order.
     """
     unknown = [s for s in strategies if s not in ALL_STRATEGIES]
     if unknown:
@@ -194,27 +198,55 @@ def run_sweep(
     store_all_peak = store_all_peak_bytes(graph, allocator)
     resolved = tuple(sorted({resolve_budget(b, store_all_peak) for b in budgets}))
     tick = progress or (lambda _: None)
+    solves = [(strategy, None if strategy in FIXED_STRATEGIES else budget)
+              for strategy in strategies if strategy != TORCH_STRATEGY
+              for budget in ((None,) if strategy in FIXED_STRATEGIES else resolved)]
+    torch_wanted = TORCH_STRATEGY in strategies
+
+    def work(item):
+        if item is None:  # torch's schedules, simulated here
+            checked = allocator.apply(graph)
+            made = externals() if callable(externals) else externals
+            return [external_point(checked, ext, allocator) for ext in made]
+        strategy, budget = item
+        point = plan_point(graph, strategy, solver if strategy == REMAT_OPT else strategy, budget, options,
+                           allocator)
+        if jobs <= 1:
+            tick(strategy if budget is None else f"{strategy} at {format_bytes(budget)}")
+        return point
+
+    items = [*_slowest_first(solves), None] if torch_wanted else _slowest_first(solves)
+    if jobs <= 1:
+        done: dict = {}
+        for item in solves:  # in order, so a structure a strategy lacks stops it at its first budget
+            strategy = item[0]
+            if done.get((strategy, "skip")):
+                continue
+            done[item] = work(item)
+            done[(strategy, "skip")] = done[item].status == Status.NOT_APPLICABLE
+        if torch_wanted:
+            done[None] = work(None)
+    else:
+        done = dict(zip(items, map_forked(work, items, jobs, here=lambda item: item is None)))
+        for strategy, budget in solves:
+            tick(strategy if budget is None else f"{strategy} at {format_bytes(budget)}")
     points: list[SweepPoint] = []
-    for strategy in strategies:
-        if strategy == TORCH_STRATEGY:
-            continue
-        name = solver if strategy == REMAT_OPT else strategy
-        if strategy in FIXED_STRATEGIES:
-            points.append(plan_point(graph, strategy, name, None, options, allocator))
-            tick(strategy)
-            continue
-        for budget in resolved:
-            point = plan_point(graph, strategy, name, budget, options, allocator)
-            points.append(point)
-            tick(f"{strategy} at {format_bytes(budget)}")
-            if point.status == Status.NOT_APPLICABLE:
+    for strategy in dict.fromkeys(s for s, _ in solves):
+        for item in (i for i in solves if i[0] == strategy and i in done):
+            points.append(done[item])
+            if done[item].status == Status.NOT_APPLICABLE:
                 break
-    if TORCH_STRATEGY in strategies:
-        checked = allocator.apply(graph)
-        for ext in externals:
-            points.append(external_point(checked, ext, allocator))
+    if torch_wanted:
+        points.extend(done[None])
     return SweepResult(resolved, tuple(points), store_all_peak, graph.base_cost, graph.base_flops,
                        graph.cost_model, solver)
+
+
+def _slowest_first(solves: list) -> list:
+    """The exact solver's solves first, then the searching heuristics', then the rest (the pool
+    hands items out in order: the long ones should not start last)."""
+    rank = {REMAT_OPT: 0, "greedy": 1, "chain-dp": 2, "chen-greedy": 3}
+    return sorted(solves, key=lambda item: rank.get(item[0], 4))
 
 
 def count_solves(strategies: Sequence[str], n_budgets: int) -> int:
