@@ -58,7 +58,10 @@ class LinearProgram:
         self.row_lower.append(float(lower))
         self.row_upper.append(float(upper))
 
-    def solve(self, time_limit_s: float = 60.0, threads: int = 1) -> LpSolution:
+    def solve(self, time_limit_s: float = 60.0, threads: int = 1,
+              primal_simplex: bool = False) -> LpSolution:
+        """``primal_simplex``: HiGHS's primal simplex instead of its default dual simplex (about
+        2x faster on the bound LP of a long chain, benchmarks/long_chains.md)."""
         import highspy  # optional: highspy (HiGHS)
 
         with stdout_silenced():
@@ -66,6 +69,8 @@ class LinearProgram:
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", max(0.1, float(time_limit_s)))
         h.setOptionValue("threads", max(1, threads))
+        if primal_simplex:
+            h.setOptionValue("simplex_strategy", 4)  # kSimplexStrategyPrimal
         lp = highspy.HighsLp()
         n = len(self.cost)
         lp.num_col_, lp.num_row_ = n, len(self.rows)

@@ -81,8 +81,11 @@ def base_cost_bound(graph: RematGraph, why: str) -> BoundResult:
 
 
 def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0,
-                snapshots: int = 32) -> BoundResult:
-    """The LP bound of the module docstring (see there for why each constraint is valid)."""
+                snapshots: int = 32, primal_simplex: bool = False) -> BoundResult:
+    """The LP bound of the module docstring (see there for why each constraint is valid).
+
+    ``primal_simplex``: solve the LP with the primal simplex (same optimum; faster on long
+    chains, see `solvers.hierarchical.LONG_CHAIN_SNAPSHOTS`)."""
     graph = prune_dead(graph)
     base = float(sum(n.cost for n in graph.ops))
     group_cost = {g: sum(graph[m].cost for m in ms) for g, ms in graph.groups.items()}
@@ -180,7 +183,7 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
     if worst > budget_bytes:
         return BoundResult(math.inf, base, worst, True,
                            f"at least {worst} bytes are live in every schedule")
-    solution = lp.solve(time_limit_s)
+    solution = lp.solve(time_limit_s, primal_simplex=primal_simplex)
     if solution.status is LpStatus.INFEASIBLE:
         return BoundResult(math.inf, base, worst, True, "the bound's LP is infeasible")
     if solution.status is not LpStatus.OPTIMAL or solution.objective is None:

@@ -32,7 +32,7 @@ from solvers.chain_dp import solve_chain_dp
 from solvers.chain_model import chain_model, coarsen
 from solvers.chen import solve_chen_greedy, stage_weights, uniform_checkpoints
 from solvers.linearize import linearize
-from solvers.remat_bound import lower_bound
+from solvers.remat_bound import base_cost_bound, lower_bound
 from solvers.revolve import (
     binomial_schedule,
     chain_steps,
@@ -259,6 +259,48 @@ def test_auto_uses_the_chain_solvers_on_a_long_chain_and_its_gap_is_honest(monke
     assert answer.objective <= min(rotor.objective, revolve.objective) + 1e-9
     assert "rotor" in answer.message and "revolve" in answer.message
     assert answer.bound is not None and answer.bound <= answer.objective + 1e-9
+
+
+def test_auto_proves_its_gap_on_a_long_chain_with_the_lp(monkeypatch) -> None:
+    """The bound LP runs on a long chain (not the base cost) and proves the chain plan close."""
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
+    graph = residual_chain(30)
+    low, high = _peaks(graph)
+    budget = low + (high - low) // 10
+    answer = solve_auto(graph, budget, SolverOptions(time_limit_s=20))
+    base = sum(n.cost for n in graph.ops)
+    assert answer.bound is not None and base < answer.bound <= answer.objective + 1e-9
+    assert answer.gap is not None and answer.gap < 0.25
+
+
+def test_no_lp_solution_means_no_rounding(monkeypatch) -> None:
+    """With the base-cost bound (no LP solution) there is no saved set to round: repairing an
+    empty one would recompute every backward input from the inputs (quadratic on a chain)."""
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
+    monkeypatch.setattr(solvers.hierarchical, "lower_bound",
+                        lambda graph, *a, **k: base_cost_bound(graph, "test: no LP"))
+
+    def no_repair(*args, **kwargs):
+        raise AssertionError("repair_saved_set ran without an LP solution to round")
+
+    monkeypatch.setattr(solvers.hierarchical, "repair_saved_set", no_repair)
+    graph = residual_chain(30)
+    low, high = _peaks(graph)
+    answer = solve_auto(graph, low + (high - low) // 10, SolverOptions(time_limit_s=10))
+    assert answer.schedule is not None and "lp-rounding -" in answer.message
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3])
+def test_primal_simplex_proves_the_same_bound(fraction: float) -> None:
+    graph = residual_chain(24, widths=[1 + (i % 3) for i in range(24)])
+    low, high = _peaks(graph)
+    budget = low + int((high - low) * fraction)
+    dual = lower_bound(graph, budget, time_limit_s=20)
+    primal = lower_bound(graph, budget, time_limit_s=20, primal_simplex=True)
+    assert dual.message == primal.message == "LP bound"
+    assert primal.bound == pytest.approx(dual.bound, rel=1e-7)
 
 
 @pytest.mark.parametrize("fraction", [0.05, 0.3])
