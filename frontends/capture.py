@@ -23,6 +23,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+try:
+    import resource  # optional: POSIX only (the stack limit of `_deep_stack`)
+except ImportError:
+    resource = None
+
 import torch
 from torch._functorch._aot_autograd import descriptors as aot_desc
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
@@ -108,6 +113,27 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
+@contextlib.contextmanager
+def _deep_stack():
+    """The main thread's stack may grow to the hard limit while tracing: AOTAutograd's joint
+    trace recurses in C through the whole autograd graph, and a 10,000-step loop overflowed the
+    usual 8 MiB soft limit (a segmentation fault, not an error). Linux grows the main thread's
+    stack against the current soft limit, so raising it here is enough. Restored on exit."""
+    limits = None
+    if resource is not None:
+        try:
+            limits = resource.getrlimit(resource.RLIMIT_STACK)
+            resource.setrlimit(resource.RLIMIT_STACK, (limits[1], limits[1]))
+        except (ValueError, OSError):  # not allowed here: trace within the limit there is
+            limits = None
+    try:
+        yield
+    finally:
+        if limits is not None:
+            resource.setrlimit(resource.RLIMIT_STACK, limits)
+
+
+@_deep_stack()
 @_cyclic_gc_paused()
 def capture(
     model: torch.nn.Module,

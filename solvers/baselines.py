@@ -63,15 +63,34 @@ def kept_through_backward(graph: RematGraph) -> set[str]:
     return kept
 
 
+RECOMPUTE_ALL_MAX_STEPS = 20_000_000
+"""Past this many recomputations (`recompute_all_steps_estimate`) recompute-all is not built: on
+a chain it grows with the square of the chain (every backward op recomputes from the inputs; 4
+million recomputations and 8 s at 1,000 steps of a time-stepping loop, 400 million at 10,000)."""
+
+
+def recompute_all_steps_estimate(graph: RematGraph) -> int:
+    """An upper bound on recompute-all's recomputations, without building it: each backward op
+    group recomputes at most the forward ops up to its latest forward input."""
+    tables = per_graph(graph, _ClosureTables)
+    forward_rank = {name: i + 1 for i, name in enumerate(tables.forward_inputs)}
+    total = 0
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.phase is Phase.BACKWARD:
+            total += max((forward_rank.get(i, 0) for i in first.inputs), default=0)
+    return total
+
+
 def recompute_all_schedule(graph: RematGraph) -> Schedule:
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     kept = kept_through_backward(graph)
     backward: list[str] = []
+    available = kept | {n.name for n in graph.ops if n.phase is Phase.BACKWARD}
     for name, members in graph.groups.items():
         first = graph[members[0]]
         if first.phase is not Phase.BACKWARD:
             continue
-        available = kept | {n.name for n in graph.ops if n.phase is Phase.BACKWARD}
         backward.extend(forward_closure(graph, list(first.inputs), available))
         backward.extend(members)
     return Schedule.from_computes(graph, forward, backward)

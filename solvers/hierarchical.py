@@ -36,7 +36,12 @@ from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
-from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.baselines import (
+    RECOMPUTE_ALL_MAX_STEPS,
+    recompute_all_schedule,
+    recompute_all_steps_estimate,
+    store_all_schedule,
+)
 from solvers.block_plan import block_schedules
 from solvers.linearize import linearize
 from solvers.remat_bound import base_cost_bound, lower_bound
@@ -186,6 +191,10 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
             for name, share in LONG_CHAIN_FIRST:
                 _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
                              share=share * limit)
+            if best.schedule is None:  # rotor again, with half of what is left
+                best.tried.pop("rotor", None)
+                _run_classic("rotor", graph, budget_bytes, best, progress, deadline, options,
+                             share=0.5 * (deadline - time.perf_counter()))
         bound_limit = 0.25 * limit
         if long_chain:  # the LP gets its share of what the chain schedules left
             bound_limit = LONG_CHAIN_LP_SHARE * (deadline - time.perf_counter())
@@ -205,9 +214,13 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         # The leanest classic schedule: what the smallest-budget search names for large graphs
         # (`solvers.checkmate.min_budget`), so every budget an error names has a schedule here.
         # On a long chain it is quadratic in the chain's length (each backward op recomputes
-        # from the inputs) and costlier than any chain schedule: only when none fits.
+        # from the inputs) and costlier than any chain schedule: only when none fits, and not
+        # past RECOMPUTE_ALL_MAX_STEPS recomputations (10,000 steps: 400 million).
         if not long_chain or best.schedule is None:
-            best.offer("recompute-all", recompute_all_schedule(graph))
+            if recompute_all_steps_estimate(graph) <= RECOMPUTE_ALL_MAX_STEPS:
+                best.offer("recompute-all", recompute_all_schedule(graph))
+            else:
+                best.tried.setdefault("recompute-all", None)
         for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
             if name not in best.tried:
                 _run_classic(name, graph, budget_bytes, best, progress, deadline, options)

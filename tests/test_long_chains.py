@@ -20,6 +20,7 @@ from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
 import frontends.capture
 import solvers.auto
+import solvers.baselines
 import solvers.chen
 import solvers.hierarchical
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
@@ -391,3 +392,53 @@ def test_capture_traces_without_cyclic_collections_and_restores_the_collector(mo
     assert len(step.graph.ops) > 20
     assert started == []
     assert gc.isenabled()
+
+
+# ------------------------------------------------- recompute-all's length on long chains
+@pytest.mark.parametrize("steps", [3, 12, 40])
+def test_recompute_all_estimate_bounds_its_recomputations(steps: int) -> None:
+    graph = residual_chain(steps, widths=[1 + (i % 2) for i in range(steps)])
+    schedule = recompute_all_schedule(graph)
+    forward = sum(1 for n in graph.ops if n.phase is F)
+    recomputed = sum(1 for s in schedule.steps if s.kind is StepKind.COMPUTE) - len(graph.ops)
+    estimate = solvers.baselines.recompute_all_steps_estimate(graph)
+    assert recomputed <= estimate <= 2 * recomputed + forward  # an upper bound, and not loose
+
+
+def test_hierarchical_skips_recompute_all_past_its_cap(monkeypatch) -> None:
+    """Past RECOMPUTE_ALL_MAX_STEPS recompute-all is never built (10,000 steps: 400 million
+    recomputations), and the other schedules still answer. 30 stages: not a long chain, so
+    hierarchical would offer recompute-all."""
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "RECOMPUTE_ALL_MAX_STEPS", 10)
+
+    def no_recompute_all(graph):
+        raise AssertionError("recompute-all was built past its cap")
+
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "recompute_all_schedule", no_recompute_all)
+    graph = residual_chain(30)  # 240 op groups: auto goes hierarchical
+    low, high = _peaks(graph)
+    budget = low + (high - low) // 3
+    answer = solve_auto(graph, budget, SolverOptions(time_limit_s=10))
+    assert answer.schedule is not None and simulate(graph, answer.schedule).peak_bytes <= budget
+    assert "recompute-all -" in answer.message
+
+
+@pytest.mark.skipif(frontends.capture.resource is None, reason="no POSIX stack limit here")
+def test_capture_traces_with_the_hard_stack_limit_and_restores_it(monkeypatch) -> None:
+    """AOTAutograd's joint trace recurses in C through the autograd graph: a 10,000-step loop
+    overflowed the 8 MiB soft stack limit (a segmentation fault). The trace runs with the hard
+    limit; the caller's limit is back after capture."""
+    resource = frontends.capture.resource
+    before = resource.getrlimit(resource.RLIMIT_STACK)
+    seen: list[tuple[int, int]] = []
+
+    def traced(*args, **kwargs):
+        seen.append(resource.getrlimit(resource.RLIMIT_STACK))
+        return aot_export_joint_with_descriptors(*args, **kwargs)
+
+    monkeypatch.setattr(frontends.capture, "aot_export_joint_with_descriptors", traced)
+    frontends.capture.capture(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    assert seen == [(before[1], before[1])]
+    assert resource.getrlimit(resource.RLIMIT_STACK) == before
