@@ -293,11 +293,17 @@ def test_no_lp_solution_means_no_rounding(monkeypatch) -> None:
     assert answer.schedule is not None and "lp-rounding -" in answer.message
 
 
-@pytest.mark.parametrize("fraction", [0.05, 0.3])
-def test_primal_simplex_proves_the_same_bound(fraction: float) -> None:
+def _uneven_chain_at(fraction: float) -> tuple[RematGraph, int]:
+    """A 24-step chain of uneven widths and a budget ``fraction`` of the way from its leanest
+    classic peak to store-all's."""
     graph = residual_chain(24, widths=[1 + (i % 3) for i in range(24)])
     low, high = _peaks(graph)
-    budget = low + int((high - low) * fraction)
+    return graph, low + int((high - low) * fraction)
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3])
+def test_primal_simplex_proves_the_same_bound(fraction: float) -> None:
+    graph, budget = _uneven_chain_at(fraction)
     dual = lower_bound(graph, budget, time_limit_s=20)
     primal = lower_bound(graph, budget, time_limit_s=20, primal_simplex=True)
     assert dual.message == primal.message == "LP bound"
@@ -306,9 +312,7 @@ def test_primal_simplex_proves_the_same_bound(fraction: float) -> None:
 
 @pytest.mark.parametrize("fraction", [0.05, 0.3])
 def test_the_lower_bound_stays_below_the_chain_schedules(fraction: float) -> None:
-    graph = residual_chain(24, widths=[1 + (i % 3) for i in range(24)])
-    low, high = _peaks(graph)
-    budget = low + int((high - low) * fraction)
+    graph, budget = _uneven_chain_at(fraction)
     bound = lower_bound(graph, budget, time_limit_s=20)
     for solve in (solve_rotor, solve_revolve):
         result = solve(graph, budget, SolverOptions())
