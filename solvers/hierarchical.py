@@ -76,7 +76,7 @@ primal simplex, against 14-25 s with 8 snapshots and the dual simplex (2 cores).
 LONG_CHAIN_LP_SHARE = 0.5
 """On a long chain the bound LP gets this share of the time the chain schedules left: their
 schedules are found in seconds, and the LP is what turns them into a proven gap (at 1,000 steps
-it proves rotor's plans within 0.1-2.2%)."""
+it proves rotor's plans within 0.1-0.4%)."""
 LONG_CHAIN_SNAPSHOTS = 4
 """Snapshot instants of the bound LP on a long chain (32 elsewhere): each adds rows over the
 whole chain, and fewer only loosen the bound; measured on the 100- and 1,000-step loops at

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from optimizer.ir.budget import BudgetError, format_bytes, parse_bytes
@@ -107,10 +107,12 @@ def test_bare_integer_strings_round_trip(n: int) -> None:
 
 
 @given(st.integers(min_value=1024, max_value=2**60))
+@example(1152)  # a case hypothesis found in CI: the rounding and the dropped byte together
 def test_format_then_parse_is_close(n: int) -> None:
     text = format_bytes(n).replace(" ", "")
-    # Two decimals of a unit in [1, 1024) keep the relative error under 0.5%.
-    assert abs(parse_bytes(text) - n) <= 0.005 * n
+    # Two decimals of a unit in [1, 1024) keep the error under 0.5% of the value, plus the byte
+    # parse_bytes drops by rounding down (1152 B -> "1.12KiB" -> 1146 B: 5.76 + 0.88).
+    assert abs(parse_bytes(text) - n) <= 0.005 * n + 1
 
 
 def test_budget_module_does_not_import_torch() -> None:

@@ -180,7 +180,8 @@ def test_t5_plans_and_trains_like_eager(transformers):
     out, loss, grads = _step(rm, model, **kwargs)
     ref_out, ref_loss, ref = _step(model, model, **kwargs)
     assert type(out) is type(ref_out) and out.past_key_values is None
-    assert torch.equal(loss, ref_loss)
+    # float64, one ulp apart with transformers 5.24 (bit-equal with earlier releases)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-12 * abs(ref_loss.item())
     assert max_relative_error(grads, ref) <= 1e-10
 
 
