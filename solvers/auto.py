@@ -25,12 +25,7 @@ from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
-from solvers.baselines import (
-    RECOMPUTE_ALL_MAX_STEPS,
-    recompute_all_schedule,
-    recompute_all_steps_estimate,
-    store_all_schedule,
-)
+from solvers.baselines import recompute_all_schedule, recompute_all_within_cap, store_all_schedule
 from solvers.checkmate.contract import SEED_HEURISTICS as HEURISTICS
 from solvers.checkmate.cpsat import solve_cpsat_model
 from solvers.checkmate.milp import solve_milp_model
@@ -147,8 +142,9 @@ def _solve_large(graph: RematGraph, budget_bytes: int, options: SolverOptions):
     answer = solve_hierarchical(graph, budget_bytes, dataclasses.replace(options, progress=progress))
     if answer.schedule is None:
         smallest = simulate(graph, store_all_schedule(graph)).peak_bytes
-        if recompute_all_steps_estimate(graph) <= RECOMPUTE_ALL_MAX_STEPS:
-            smallest = min(smallest, simulate(graph, recompute_all_schedule(graph)).peak_bytes)
+        lean = recompute_all_within_cap(graph)
+        if lean is not None:
+            smallest = min(smallest, simulate(graph, lean).peak_bytes)
         raise InfeasibleBudgetError(budget_bytes, smallest, f" ({answer.message})")
     return (answer.status, answer.schedule, answer.objective, answer.bound,
             f"hierarchical ({len(graph.groups)} op groups > {EXACT_MAX_GROUPS}): {answer.message}")

@@ -82,6 +82,13 @@ def recompute_all_steps_estimate(graph: RematGraph) -> int:
     return total
 
 
+def recompute_all_within_cap(graph: RematGraph) -> Schedule | None:
+    """recompute-all, or None past `RECOMPUTE_ALL_MAX_STEPS` recomputations (not built)."""
+    if recompute_all_steps_estimate(graph) > RECOMPUTE_ALL_MAX_STEPS:
+        return None
+    return recompute_all_schedule(graph)
+
+
 def recompute_all_schedule(graph: RematGraph) -> Schedule:
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     kept = kept_through_backward(graph)

@@ -36,12 +36,7 @@ from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
-from solvers.baselines import (
-    RECOMPUTE_ALL_MAX_STEPS,
-    recompute_all_schedule,
-    recompute_all_steps_estimate,
-    store_all_schedule,
-)
+from solvers.baselines import recompute_all_within_cap, store_all_schedule
 from solvers.block_plan import block_schedules
 from solvers.linearize import linearize
 from solvers.remat_bound import base_cost_bound, lower_bound
@@ -192,7 +187,6 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
                 _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
                              share=share * limit)
             if best.schedule is None:  # rotor again, with half of what is left
-                best.tried.pop("rotor", None)
                 _run_classic("rotor", graph, budget_bytes, best, progress, deadline, options,
                              share=0.5 * (deadline - time.perf_counter()))
         bound_limit = 0.25 * limit
@@ -217,10 +211,7 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         # from the inputs) and costlier than any chain schedule: only when none fits, and not
         # past RECOMPUTE_ALL_MAX_STEPS recomputations (10,000 steps: 400 million).
         if not long_chain or best.schedule is None:
-            if recompute_all_steps_estimate(graph) <= RECOMPUTE_ALL_MAX_STEPS:
-                best.offer("recompute-all", recompute_all_schedule(graph))
-            else:
-                best.tried.setdefault("recompute-all", None)
+            best.offer("recompute-all", recompute_all_within_cap(graph))
         for name in FIRST_CLASSICS:  # cheap, and what "never worse than classic" needs first
             if name not in best.tried:
                 _run_classic(name, graph, budget_bytes, best, progress, deadline, options)
@@ -234,14 +225,16 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         # set recomputes every backward input from the model's inputs (quadratic on a chain).
         if not keep:
             best.tried.setdefault("lp-rounding", None)
-        with progress.phase("rounding the bound's LP to a saved set"):
-            stop = min(deadline, time.perf_counter() + ROUNDING_SHARE * limit)
-            for threshold in (0.999, 0.5, 0.001) if keep else ():
-                if time.perf_counter() > stop:
-                    break
-                saved = frozenset(v for v, f in keep.items() if f >= threshold)
-                schedule = repair_saved_set(small, saved, budget_bytes, stop, order=keep)
-                best.offer("lp-rounding", None if schedule is None else reduction.expand(schedule))
+        else:
+            with progress.phase("rounding the bound's LP to a saved set"):
+                stop = min(deadline, time.perf_counter() + ROUNDING_SHARE * limit)
+                for threshold in (0.999, 0.5, 0.001):
+                    if time.perf_counter() > stop:
+                        break
+                    saved = frozenset(v for v, f in keep.items() if f >= threshold)
+                    schedule = repair_saved_set(small, saved, budget_bytes, stop, order=keep)
+                    best.offer("lp-rounding",
+                               None if schedule is None else reduction.expand(schedule))
         for name in LATE_CLASSICS:
             left = deadline - time.perf_counter()
             if name == "greedy" and long_chain and best.schedule is not None:

@@ -413,14 +413,12 @@ def test_hierarchical_skips_recompute_all_past_its_cap(monkeypatch) -> None:
     """Past RECOMPUTE_ALL_MAX_STEPS recompute-all is never built (10,000 steps: 400 million
     recomputations), and the other schedules still answer. 30 stages: not a long chain, so
     hierarchical would offer recompute-all."""
-    for module in (solvers.auto, solvers.hierarchical):
-        monkeypatch.setattr(module, "RECOMPUTE_ALL_MAX_STEPS", 10)
+    monkeypatch.setattr(solvers.baselines, "RECOMPUTE_ALL_MAX_STEPS", 10)
 
     def no_recompute_all(graph):
         raise AssertionError("recompute-all was built past its cap")
 
-    for module in (solvers.auto, solvers.hierarchical):
-        monkeypatch.setattr(module, "recompute_all_schedule", no_recompute_all)
+    monkeypatch.setattr(solvers.baselines, "recompute_all_schedule", no_recompute_all)
     graph = residual_chain(30)  # 240 op groups: auto goes hierarchical
     low, high = _peaks(graph)
     budget = low + (high - low) // 3
