@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from frontends.kernel_workspace import kernel_peak_bytes
+
 
 @dataclass(frozen=True)
 class BufferEvent:
@@ -42,7 +44,9 @@ class BufferEvent:
 
     op: str
     """``alloc`` (new storage), ``free`` (drop a name), ``reuse`` (``name`` takes ``source``'s
-    storage, ``source`` is dropped) or ``alias`` (``name`` is a view of ``source``'s storage)."""
+    storage, ``source`` is dropped), ``alias`` (``name`` is a view of ``source``'s storage) or
+    ``transient`` (an extern kernel ``name`` holds ``bytes`` above what is live while it runs:
+    its outputs about to be allocated and its workspace; nothing stays)."""
     name: str
     bytes: int = 0
     source: str = ""
@@ -58,6 +62,8 @@ class WrapperMemoryPlan:
     events: tuple[BufferEvent, ...]
     outputs: tuple[str | None, ...]
     """For each graph output, the buffer or input name holding it (None: not a tensor)."""
+    unmeasured_kernels: tuple[str, ...] = ()
+    """Extern kernels whose transient bytes could not be measured (counted as none)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class CompiledPeak:
     outputs and tangents included)."""
     saved_bytes: int
     """Activations the compiled forward leaves for backward (storages, not names)."""
+    unmeasured_kernels: tuple[str, ...] = ()
+    """Extern kernels run without a measured workspace: the prediction may be low by theirs."""
 
 
 class _Walk:
@@ -110,6 +118,8 @@ class _Walk:
             self.peak = max(self.peak, self.live)
         elif event.op == "free":
             self.drop(event.name)
+        elif event.op == "transient":
+            self.peak = max(self.peak, self.live + event.bytes)
         elif event.op in ("reuse", "alias") and event.source in self.key_of:
             key = self.key_of[event.source]
             self.key_of[event.name] = key
@@ -165,7 +175,8 @@ def predict_compiled_peak(forward: WrapperMemoryPlan, backward: WrapperMemoryPla
     return CompiledPeak(
         predicted_peak_bytes=resident_bytes + max(fw.peak, bw.peak),
         resident_bytes=resident_bytes, forward_peak_bytes=fw.peak, backward_peak_bytes=bw.peak,
-        saved_bytes=saved_bytes)
+        saved_bytes=saved_bytes,
+        unmeasured_kernels=forward.unmeasured_kernels + backward.unmeasured_kernels)
 
 
 # --------------------------------------------------------------------- reading Inductor's wrapper
@@ -176,14 +187,49 @@ def _buffer_bytes(graph: Any, node: Any) -> int:
     return int(elements) * get_dtype_size(node.get_dtype())
 
 
-def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
-    """Translate the wrapper's planned lines (after ``memory_plan_reuse``) into buffer events."""
+def _origin_op(node: Any) -> torch.fx.Node | None:
+    """The aten call an extern kernel runs: its origin node, else the origin whose op the kernel
+    runs (a fallback's ``op_overload``), else its one aten origin."""
+    origin = getattr(node, "origin_node", None)
+    candidates = [origin] if origin is not None else list(getattr(node, "origins", ()))
+    ops = [n for n in candidates if isinstance(n, torch.fx.Node) and n.op == "call_function"
+           and isinstance(n.target, torch._ops.OpOverload)]
+    runs = getattr(node, "op_overload", None)
+    if len(ops) > 1 and runs is not None:
+        ops = [n for n in ops if n.target == runs]
+    return ops[0] if len(ops) == 1 else None
+
+
+def _kernel_transient(node: Any, preallocated: bool, unmeasured: list[str]) -> BufferEvent | None:
+    """What an extern kernel holds above the live buffers while it runs: everything it allocates
+    (outputs and workspace), or only its workspace when its outputs were allocated before
+    (``out=`` kernels)."""
+    origin = _origin_op(node)
+    measured = kernel_peak_bytes(origin) if origin is not None else None
+    if measured is None:
+        unmeasured.append(f"{node.get_name()} ({origin.target if origin is not None else 'no aten origin'})")
+        return None
+    held = measured.workspace_bytes if preallocated else measured.peak_bytes
+    return BufferEvent("transient", node.get_name(), held) if held else None
+
+
+def _events_of(wrapper: Any, graph: Any, unmeasured: list[str]) -> list[BufferEvent]:
+    """Translate the wrapper's planned lines (after ``memory_plan_reuse``) into buffer events;
+    extern kernels they cannot measure are appended to ``unmeasured``."""
     from torch._inductor import ir  # heavy: Inductor, imported only on its path
     from torch._inductor.codegen import wrapper as w  # heavy: Inductor, imported only on its path
 
     control_flow = tuple(getattr(w, name) for name in ("EnterSubgraphLine", "ConditionalLine", "SwitchLine")
                          if hasattr(w, name))  # 2.13 has ConditionalLine, 2.14 SwitchLine
+    out_lines = tuple(getattr(w, name) for name in ("ExternKernelOutLine", "ExternKernelMultiOutLine")
+                      if hasattr(w, name))
     events: list[BufferEvent] = []
+
+    def transient(node: Any, preallocated: bool) -> None:
+        event = _kernel_transient(node, preallocated, unmeasured)
+        if event is not None:
+            events.append(event)
+
     for line in wrapper.lines:
         if isinstance(line, w.AllocateLine):
             events.append(BufferEvent("alloc", line.node.get_name(), _buffer_bytes(graph, line.node)))
@@ -199,6 +245,7 @@ def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
             events.append(BufferEvent("free", line.node.get_name()))
         elif isinstance(line, w.ExternKernelAllocLine):
             node = line.node
+            transient(node, preallocated=False)  # before its outputs: the call holds them and more
             if isinstance(node.layout, ir.MultiOutputLayout):
                 continue  # its MultiOutputLines name the real buffers
             aliased = node.get_inputs_that_alias_output()
@@ -206,6 +253,8 @@ def _events_of(wrapper: Any, graph: Any) -> list[BufferEvent]:
                 events.append(BufferEvent("alias", node.get_name(), source=aliased[0]))
             else:
                 events.append(BufferEvent("alloc", node.get_name(), _buffer_bytes(graph, node)))
+        elif isinstance(line, out_lines):
+            transient(line.node, preallocated=True)
         elif isinstance(line, w.MultiOutputLine):
             node = graph.try_get_buffer(line.result_name)
             if node is not None and not node.get_inputs_that_alias_output():
@@ -229,9 +278,11 @@ def _plan_of(wrapper: Any, graph: Any) -> WrapperMemoryPlan:
             inputs.append((name, _buffer_bytes(graph, value)))
         except (AttributeError, NotImplementedError):  # symbolic sizes (static shapes: none)
             inputs.append((name, 0))
-    return WrapperMemoryPlan(is_backward=bool(graph.is_backward), inputs=tuple(inputs),
-                             events=tuple(_events_of(wrapper, graph)),
-                             outputs=tuple(_output_name(o) for o in graph.graph_outputs))
+    unmeasured: list[str] = []
+    events = tuple(_events_of(wrapper, graph, unmeasured))
+    return WrapperMemoryPlan(is_backward=bool(graph.is_backward), inputs=tuple(inputs), events=events,
+                             outputs=tuple(_output_name(o) for o in graph.graph_outputs),
+                             unmeasured_kernels=tuple(unmeasured))
 
 
 _UNREADABLE = (NotImplementedError, AttributeError, KeyError, TypeError, ValueError)

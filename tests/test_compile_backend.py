@@ -232,3 +232,41 @@ def test_a_forward_op_after_backward_ops_is_moved_first():
     assert [n.name for n in ordered.nodes] == ["x", "a", "loss", "late", "t", "da", "dx"]
     prepare(ordered)
     assert forward_ops_first(ordered) is ordered
+
+
+class _Attention(nn.Module):
+    """SDPA and a strided convolution: Inductor runs both as extern kernels whose calls allocate
+    workspace the buffer plan does not name (CPU SDPA's backward, float64 im2col)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Conv2d(3, 32, 4, stride=4)
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.embed(images).flatten(2).transpose(1, 2)
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(x.shape)
+        return self.out(torch.tanh(y)).square().mean()
+
+
+@pytest.mark.skipif(not inductor_available(), reason="Inductor needs a C++ compiler")
+def test_inductor_prediction_counts_the_workspace_of_extern_kernels():
+    """The compiled peak predicted from Inductor's buffer plan plus each extern kernel's measured
+    call (outputs and workspace) is the peak the CPU allocator sees, to the loss's seed gradient
+    (without the kernels' workspace the ViT example was 299,784 B low: over its budget)."""
+    model, images = _Attention().double(), torch.randn(8, 3, 32, 32, dtype=torch.float64)
+    _, ref_grads = train_step(clone(model), (images,))
+    backend = remat_backend("100%", compiler="inductor", solver="greedy")
+    compiled_model = clone(model)
+    compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
+    _step(compiled, (images,))
+    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    (planned,) = backend.plans
+    assert planned.compiled_peak is not None and not planned.compiled_peak.unmeasured_kernels
+    for p in compiled_model.parameters():
+        p.grad = None
+    measured = profiled_peak(lambda: _step(compiled, (images,))) + resident_bytes(compiled_model, (images,))
+    assert 0 <= measured - planned.predicted_peak_bytes <= 64, (measured, planned.compiled_peak)

@@ -73,3 +73,40 @@ def test_graphs_that_do_not_belong_together_are_refused():
     backward = _backward((("a", 1), ("b", 1), ("tangents_1", 8)))
     with pytest.raises(ValueError, match="do not belong together"):
         predict_compiled_peak(forward, backward, resident_bytes=0)
+
+
+def test_an_extern_kernels_transient_bytes_count_at_its_call_and_then_vanish():
+    """An extern kernel holds its outputs and its workspace while it runs (SDPA's CPU backward,
+    a float64 convolution's im2col columns): the peak sees them, the live total does not keep them."""
+    forward = _forward(BufferEvent(A, "buf0", 1000), BufferEvent("transient", "conv", 700),
+                       BufferEvent(A, "conv", 200), BufferEvent(F, "buf0"), BufferEvent(A, "loss", 8),
+                       outputs=("loss", "conv"))
+    backward = _backward((("conv", 200), ("tangents_1", 8)), BufferEvent("transient", "sdpa_bw", 5000),
+                         BufferEvent(F, "conv"), BufferEvent(A, "dw", 400))
+    peak = predict_compiled_peak(forward, backward, resident_bytes=0)
+    assert peak.forward_peak_bytes == 1000 + 700  # not 1000 + 700 + 200: the call's bytes include its output
+    assert peak.backward_peak_bytes == 200 + 8 + 8 + 5000
+    assert peak.saved_bytes == 200
+
+
+def test_kernel_peak_measures_a_float64_convolutions_workspace():
+    """CPU float64 convolution runs slow_conv2d, which builds im2col columns inside the call."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from frontends.kernel_workspace import kernel_peak_bytes
+
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    conv = graph.call_function(torch.ops.aten.convolution.default,
+                               (x, w, None, [4, 4], [0, 0], [1, 1], False, [0, 0], 1))
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(4, 3, 32, 32, dtype=torch.float64)
+        w.meta["val"] = torch.empty(64, 3, 4, 4, dtype=torch.float64)
+        conv.meta["val"] = torch.empty(4, 64, 8, 8, dtype=torch.float64)
+    measured = kernel_peak_bytes(conv)
+    assert measured is not None
+    assert measured.output_bytes == 4 * 64 * 8 * 8 * 8
+    columns = 4 * (3 * 4 * 4) * (8 * 8) * 8  # one [C*k*k, out_h*out_w] matrix per image
+    assert measured.workspace_bytes >= columns // 4, measured  # at least one image's columns
+    assert kernel_peak_bytes(conv) is measured  # measured once per signature
