@@ -20,7 +20,8 @@ under ``B``:
 
 Of the plans tried, the cheapest (recomputation under the cost model) whose compiled peak meets
 ``B`` is kept, so the fit never costs more than the unfitted plan and never exceeds ``B`` as
-Inductor's plan counts it. Plans whose schedule repeats one already probed are not probed again.
+Inductor's plan counts it; when none does, `InfeasibleBudgetError` names the smallest compiled
+peak seen (Inductor can compile a plan above its unfused peak: layout copies, kernel workspace). Plans whose schedule repeats one already probed are not probed again.
 Pure search logic: planning and probing are the caller's callables.
 """
 
@@ -157,9 +158,12 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
             break
     feasible = [i for i, (_, t) in enumerate(tried)
                 if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes]
-    if not feasible:  # even the plan for the budget itself compiles above it: keep the unfused bound
-        return first, InductorFit(budget_bytes, tuple(t for _, t in tried), 0,
-                                  f"{reason}; no plan compiled within the budget")
+    if not feasible:  # even the plan for the budget itself compiles above it: the step would not fit
+        compiled = [t.compiled_peak_bytes for _, t in tried if t.compiled_peak_bytes is not None]
+        raise InfeasibleBudgetError(
+            budget_bytes, min(compiled), f" (every plan tried compiles above it with Inductor: "
+            f"{len(tried)} plans, planning budgets {min(t.planning_budget_bytes for _, t in tried)}-"
+            f"{max(t.planning_budget_bytes for _, t in tried)} B)")
     chosen = min(feasible, key=lambda i: (tried[i][1].extra_time_s, -tried[i][1].compiled_peak_bytes))
     return tried[chosen][0], InductorFit(budget_bytes, tuple(t for _, t in tried), chosen, reason)
 

@@ -176,3 +176,25 @@ def test_a_budget_too_small_unfused_is_met_by_the_leanest_plan_compiled():
     assert fit.compiled_peak_bytes <= 16_000 and plan.predicted_peak_bytes >= 20_000
     with pytest.raises(InfeasibleBudgetError):
         fit_plan(14_000, plan_at, probe, iterations=4, tolerance=0.02)
+
+
+def test_plans_that_all_compile_above_the_budget_are_refused_not_kept():
+    """Inductor can compile a plan above its own unfused peak (layout copies, kernel workspace):
+    when every plan tried does, the step would exceed the budget, so the fit refuses with the
+    smallest compiled peak it saw instead of keeping the unfused plan."""
+    from solvers.base import InfeasibleBudgetError
+
+    staircase, _, _ = _staircase(layers=40, layer=1000, fixed=10_000, fused_share=0.0)
+
+    def plan_at(budget: int) -> _StaircasePlan:
+        if budget < 28_000:
+            raise InfeasibleBudgetError(budget, 28_000, "", exact=True, lower_bound_bytes=28_000)
+        return staircase(budget)
+
+    def probe(plan: _StaircasePlan) -> int:
+        return plan.predicted_peak_bytes + 5_000  # always above its unfused peak
+
+    with pytest.raises(InfeasibleBudgetError) as err:
+        fit_plan(30_000, plan_at, probe, iterations=4, tolerance=0.02)
+    assert err.value.smallest_feasible_bytes is not None and err.value.smallest_feasible_bytes > 30_000
+    assert "compiles above it with Inductor" in str(err.value)
