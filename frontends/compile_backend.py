@@ -18,7 +18,9 @@ and keeps the cheapest plan whose compiled peak meets the budget (`frontends.ind
 
 Graph breaks give several graphs per step; `optimizer.planning.graph_budget` says how the step's budget is
 shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
-second graph, the exact mode. Every plan made is kept in ``backend.plans``. An error of remat-opt's
+second graph, the exact mode. ``split=k`` / ``split_mlp=m`` chunk each graph's LM head + loss
+and MLPs before AOTAutograd traces it (`frontends.compile_split`). Every plan made is kept in
+``backend.plans``. An error of remat-opt's
 (a budget too small, a graph break under ``fullgraph``) reaches the caller as itself, not wrapped
 in dynamo's ``BackendCompilerFailed`` (`frontends.compile_errors`).
 """
@@ -35,9 +37,11 @@ from typing import Any
 
 import torch
 from torch._functorch import config as functorch_config
+from torch._functorch.compile_utils import fx_graph_cse
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
 from frontends.compile_errors import own_error_to_raise, planning_errors
+from frontends.compile_split import GraphSplits, check_backend_chunks, split_compiled_graph
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
 from frontends.dynamo_joint import (
@@ -57,6 +61,8 @@ from frontends.inductor_memory import (
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
 from frontends.symbolic_sizes import SymbolSizes
+from frontends.torch_partitioner import STRATEGY_NAME as TORCH_MIN_CUT
+from frontends.torch_partitioner import partition_schedule
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes, resolve_budget
 from optimizer.ir.graph import RematGraph
@@ -67,12 +73,16 @@ from optimizer.planning.graph_budget import (
     graph_budget,
     summarize,
 )
-from optimizer.planning.planner import plan_graph, store_all_peak_bytes
+from optimizer.planning.planner import plan_from_schedule, plan_graph, store_all_peak_bytes
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 
 COMPILERS = ("auto", "inductor", "eager")
 _PLAN_KEY = "remat_opt_compile_id"
+MIN_CUT_SEEDS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+"""``activation_memory_budget`` values whose min-cut partitions seed ``fit="inductor"``: torch's
+partitioner prices fusible pointwise recomputation as free, which the unfused solver cannot see;
+a seed is probed only when it costs less than the cheapest plan known to compile within budget."""
 
 
 class GraphBreakError(RuntimeError):
@@ -102,6 +112,8 @@ class GraphPlan:
     fit: InductorFit | None = None
     """``fit="inductor"``: the planning budgets tried, their compiled peaks and costs, and
     which plan was kept (``plan.budget_bytes`` is then its planning budget)."""
+    splits: GraphSplits | None = None
+    """``split`` / ``split_mlp``: the chains split in this graph before AOTAutograd traced it."""
 
     @property
     def graph_budget_bytes(self) -> int:
@@ -133,7 +145,13 @@ class RematBackend:
                  compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                  threads: int = 1, allocator: AllocatorModel | None = None,
                  milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
-                 fit_tolerance: float = 0.02):
+                 fit_tolerance: float = 0.02, split: int | None = None, split_mlp: int | None = None):
+        self.split = check_backend_chunks(split, "split")
+        self.split_mlp = check_backend_chunks(split_mlp, "split_mlp")
+        self._graph_splits: GraphSplits | None = None
+        """What `_compile` split in the graph being compiled (its `_partition` records it)."""
+        self._split_done = {"head": False, "mlp": False}
+        """Whether an earlier graph was split that way: a later graph without the chain may stay unsplit."""
         self.percent = isinstance(budget, str) and budget.strip().endswith("%")
         if self.percent:
             resolve_budget(budget, 1)  # a malformed budget fails here, not in the middle of a compile
@@ -191,13 +209,22 @@ class RematBackend:
             raise own from None
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        with planning_errors():  # a split refused reaches the caller as itself
+            self._graph_splits = split_compiled_graph(
+                gm, example_inputs, self.split, self.split_mlp,
+                f"graph {compile_id}" if compile_id is not None else "the graph",
+                head_required=not self._split_done["head"], mlp_required=not self._split_done["mlp"])
+        if self._graph_splits is not None:
+            self._split_done["head"] |= bool(self._graph_splits.row_splits)
+            self._split_done["mlp"] |= bool(self._graph_splits.mlp_splits.splits)
         if self.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx  # heavy: Inductor, imported only on its path
 
             # No cache: a cached graph would skip planning (no plan in `plans`, no budget split).
             with functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, inner_compile=self._inductor_inner, config_patches={
-                    "custom_partitioner_fn": self.partitioner(), "fx_graph_cache": False})
+                    "custom_partitioner_fn": RematPartitioner(self), "fx_graph_cache": False})
         from torch._dynamo.backends.common import aot_autograd  # heavy: dynamo, imported only when torch.compile runs
 
         return aot_autograd(fw_compiler=self._eager("forward"), bw_compiler=self._eager("backward"),
@@ -238,6 +265,11 @@ class RematBackend:
                               f"byte peak, above its {fit.budget_bytes}-byte budget (the fit's probe predicted "
                               f"{fit.compiled_peak_bytes}): this torch's Inductor differs from the probe; use "
                               "fit=None", RuntimeWarning, stacklevel=2)
+            elif fit is None and compiled.predicted_peak_bytes > planned.plan.budget_bytes:
+                warnings.warn(f"graph {index}: Inductor compiled the plan to a {compiled.predicted_peak_bytes}-byte "
+                              f"peak, above its {planned.plan.budget_bytes}-byte budget (extern kernels' workspace "
+                              "or layout copies the unfused plan does not hold): pass fit='inductor', which "
+                              "keeps only plans whose compiled peak fits", RuntimeWarning, stacklevel=2)
 
     def _eager(self, role: str):
         def compiler(gm: torch.fx.GraphModule, example_inputs) -> Any:
@@ -255,6 +287,9 @@ class RematBackend:
     def _partition(self, joint_module: torch.fx.GraphModule, joint_inputs, num_fwd_outputs: int,
                    static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
+        if functorch_config.cse:  # as torch's partitioners do first: one graph to plan and to seed from
+            joint_module.graph = fx_graph_cse(joint_module.graph)
+            joint_module.recompile()
         untie_batch_norm_backward(joint_module)  # as capture() does: see there
         compile_id = self._note_frame()
         frame = compile_id.split("/")[0]
@@ -291,16 +326,29 @@ class RematBackend:
             plan = plan_at(budget)
         else:
             target = resolve_budget(budget, store_all_peak_bytes(graph, AllocatorModel(block_bytes=1)))
+
+            def min_cut_seeds():
+                for fraction in MIN_CUT_SEEDS:
+                    partition = partition_schedule(captured, fraction, static_lifetime_input_indices)
+                    if partition.schedule is not None:
+                        yield plan_from_schedule(graph, partition.schedule, target, allocator=self.allocator,
+                                                 solver=f"{TORCH_MIN_CUT} {partition.label}", status="seed",
+                                                 graph_nodes=len(joint_module.graph.nodes))
+
             plan, fit = fit_plan(target, plan_at, lambda p: self._probe(split(p), graph, num_fwd_outputs,
                                                                         static_lifetime_input_indices),
-                                 iterations=self.fit_iterations, tolerance=self.fit_tolerance)
+                                 iterations=self.fit_iterations, tolerance=self.fit_tolerance,
+                                 seeds=min_cut_seeds)
+        splits = self._graph_splits
+        if splits is not None:  # said in the plan, as optimize() says what capture split
+            plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, splits.describe()))))
         fw, bw = split(plan)
         fw.meta[_PLAN_KEY] = bw.meta[_PLAN_KEY] = compile_id  # Inductor's compile finds the plan by it
         self.plans.append(GraphPlan(
             index=len(self.plans), compile_id=compile_id,
             budget_bytes=budget, plan=plan, graph=graph,
             footprint=graph_footprint(graph, plan, joint_module, value_of, static_lifetime_input_indices or []),
-            forward_graph=fw, backward_graph=bw, fit=fit))
+            forward_graph=fw, backward_graph=bw, fit=fit, splits=splits))
         return fw, bw
 
     @staticmethod
@@ -328,7 +376,11 @@ class RematBackend:
 
     def partitioner(self) -> RematPartitioner:
         """This backend's planning as Inductor's partitioner, for the default backend:
-        ``torch._inductor.config.custom_partitioner_fn = backend.partitioner()``."""
+        ``torch._inductor.config.custom_partitioner_fn = backend.partitioner()``. Refused with a
+        split: the partitioner receives the joint graph, traced from the unsplit forward."""
+        if self.split > 1 or self.split_mlp > 1:
+            raise ValueError("split and split_mlp rewrite the forward before AOTAutograd traces it, which "
+                             "only the backend itself sees: use torch.compile(model, backend=backend)")
         return RematPartitioner(self)
 
     def _cost_model(self, gm: torch.fx.GraphModule) -> CostModel:
@@ -351,7 +403,8 @@ class RematBackend:
                          extra_time_s=sum(p.plan.extra_time_s for p in self.plans),
                          fit_iterations=[len(p.fit.iterations) if p.fit else 0 for p in self.plans],
                          fit_probes=sum(f.probes for f in fits),
-                         fit_seconds=sum(f.seconds for f in fits))
+                         fit_seconds=sum(f.seconds for f in fits),
+                         graph_strategies=[p.plan.solver for p in self.plans])
 
     @property
     def graph_breaks(self) -> int:
@@ -430,11 +483,13 @@ class RematPartitioner(_partitioner_base()):
         here = os.path.dirname(os.path.abspath(__file__))
         root = os.path.dirname(here)
         files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py",
-                                                 "dynamo_joint.py", "inductor_fit.py", "inductor_memory.py")]
+                                                 "dynamo_joint.py", "inductor_fit.py", "inductor_memory.py",
+                                                 "compile_split.py", "row_split.py", "mlp_split.py")]
         files += [os.path.join(root, "optimizer", f) for f in ("planner.py", "simulator.py")]
         b = self.backend
         settings = (b.budget, b.solver, b.options, b.cost_model_name, b.allocator,
-                    b.fit, b.fit_iterations, b.fit_tolerance, tuple(p.footprint for p in b.plans))
+                    b.fit, b.fit_iterations, b.fit_tolerance, tuple(p.footprint for p in b.plans),
+                    b.split, b.split_mlp)
         return get_hash_for_files(tuple(files)).hex() + repr(settings)
 
 
@@ -442,7 +497,8 @@ def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float 
                   compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                   threads: int = 1, allocator: AllocatorModel | None = None,
                   milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
-                  fit_tolerance: float = 0.02) -> RematBackend:
+                  fit_tolerance: float = 0.02, split: int | None = None,
+                  split_mlp: int | None = None) -> RematBackend:
     """A backend for ``torch.compile(model, backend=remat_backend(budget="60%"))``.
 
     ``budget``: bytes of the whole training step as in `optimizer.optimize` (parameters,
@@ -454,9 +510,14 @@ def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float 
     plan) until its compiled peak is within ``fit_tolerance`` under its budget, keeping the
     cheapest plan that fits (`frontends.inductor_fit`). ``backend.plans`` lists the plans made;
     ``backend.summary()`` says how the budget was split across graph breaks, the compiled peak,
-    the budget left unused, the recomputation bought and the fit iterations.
+    the budget left unused, the recomputation bought and the fit iterations. ``split=k`` /
+    ``split_mlp=m``: run each graph's LM head + loss / MLPs in k / m chunks of token rows, split
+    on the graph dynamo hands over before AOTAutograd traces it (`frontends.compile_split`;
+    ``backend.plans[i].splits`` says what was split); a chain the split refuses, or a graph with
+    no such chain before any graph was split that way, raises `frontends.row_split.RowSplitError`.
     """
     return RematBackend(budget, solver=solver, time_limit=time_limit, compiler=compiler,
                         cost_model=cost_model, fullgraph=fullgraph, threads=threads,
                         allocator=allocator, milp_engine=milp_engine, fit=fit,
-                        fit_iterations=fit_iterations, fit_tolerance=fit_tolerance)
+                        fit_iterations=fit_iterations, fit_tolerance=fit_tolerance, split=split,
+                        split_mlp=split_mlp)

@@ -18,18 +18,25 @@ under ``B``:
 * stop after ``iterations`` plans, when the slack is within ``tolerance``, when a plan stores
   everything (nothing left to buy), or when the bracket is narrower than the tolerance.
 
+Seeds come next: plans made another way (the backend passes torch's min-cut partitions, which
+price fused pointwise recomputation as free, a view of fusion the unfused solver lacks). They
+are probed cheapest first while they cost less than the cheapest plan known to fit, and the
+first that fits ends it (none cheaper is left).
+
 Of the plans tried, the cheapest (recomputation under the cost model) whose compiled peak meets
 ``B`` is kept, so the fit never costs more than the unfitted plan and never exceeds ``B`` as
 Inductor's plan counts it; when none does, `InfeasibleBudgetError` names the smallest compiled
-peak seen (Inductor can compile a plan above its unfused peak: layout copies, kernel workspace). Plans whose schedule repeats one already probed are not probed again.
+peak seen (Inductor can compile a plan above its unfused peak: layout copies, kernel workspace).
+Plans whose schedule repeats one already probed are not probed again.
 Pure search logic: planning and probing are the caller's callables.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from optimizer.ir.plan import Plan
@@ -56,6 +63,9 @@ class FitIteration:
     """The trial compile (0 when not probed)."""
     probed: bool
     """False when the schedule repeated an earlier one (its probe reused)."""
+    source: str = "solver"
+    """``solver`` (the search over planning budgets) or the strategy a seed plan came from
+    (``torch-min-cut amb=0.5``); a seed's planning budget is its own unfused peak."""
 
 
 @dataclass(frozen=True)
@@ -86,13 +96,15 @@ class InductorFit:
 
 
 def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of: Callable[[Plan], int | None],
-             *, iterations: int = 4, tolerance: float = 0.02) -> tuple[Plan, InductorFit]:
+             *, iterations: int = 4, tolerance: float = 0.02,
+             seeds: Callable[[], Iterable[Plan]] | None = None) -> tuple[Plan, InductorFit]:
     """Search the planning budget as the module says; returns the plan kept and the record.
 
     ``plan_at(b)`` plans the graph for ``b`` bytes (`InfeasibleBudgetError` for a ``b`` too
-    small: at ``budget_bytes`` the leanest plan it names is tried instead, and the error reaches
-    the caller only when that plan compiles above the budget too; below it, it ends the search);
-    ``compiled_peak_of(plan)`` probes it.
+    small: at ``budget_bytes`` the leanest plan it names is tried instead; below it, it ends the
+    search); ``compiled_peak_of(plan)`` probes it. ``seeds()`` yields plans made another way
+    (torch's min-cut partitions): after the search, each seed cheaper than the best plan that
+    fits is probed too. `InfeasibleBudgetError` when no plan tried compiles within the budget.
     """
     if iterations < 1:
         raise ValueError(f"fit_iterations must be at least 1, got {iterations}")
@@ -101,34 +113,64 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
     tried: list[tuple[Plan, FitIteration]] = []
     probed: dict[tuple, int | None] = {}
 
-    def attempt(planning_budget: int) -> tuple[Plan, FitIteration]:
+    def probe(plan: Plan, planning_budget: int, plan_seconds: float, source: str) -> FitIteration:
         start = time.perf_counter()
-        plan = plan_at(planning_budget)
-        planned = time.perf_counter()
         key = (plan.saved, plan.recomputed)
         fresh = key not in probed
         if fresh:
             probed[key] = compiled_peak_of(plan)
         it = FitIteration(planning_budget_bytes=planning_budget, planned_peak_bytes=plan.predicted_peak_bytes,
                           compiled_peak_bytes=probed[key], extra_time_s=plan.extra_time_s,
-                          extra_flops=plan.extra_flops, plan_seconds=planned - start,
-                          probe_seconds=time.perf_counter() - planned, probed=fresh)
+                          extra_flops=plan.extra_flops, plan_seconds=plan_seconds,
+                          probe_seconds=time.perf_counter() - start, probed=fresh, source=source)
         tried.append((plan, it))
-        return plan, it
+        return it
 
+    def attempt(planning_budget: int) -> FitIteration:
+        start = time.perf_counter()
+        plan = plan_at(planning_budget)
+        return probe(plan, planning_budget, time.perf_counter() - start, "solver")
+
+    refusal: InfeasibleBudgetError | None = None
     try:
-        first, it = attempt(budget_bytes)
+        reason = _search_planning_budgets(budget_bytes, attempt, tried, iterations, tolerance)
+    except InfeasibleBudgetError as err:  # the solver plans nothing that compiles within it
+        refusal, reason = err, "the solver's plans compile above the budget"
+    if tried and tried[0][1].compiled_peak_bytes is None:  # unreadable: the unfused plan bounds it
+        return tried[0][0], InductorFit(budget_bytes, (tried[0][1],), 0, "Inductor's buffer plan could not be read")
+    if seeds is not None:
+        _probe_cheaper_seeds(budget_bytes, seeds, probe, tried)
+    feasible = [i for i, (_, t) in enumerate(tried)
+                if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes]
+    if not feasible:  # every plan compiles above it: the step would not fit
+        compiled = [t.compiled_peak_bytes for _, t in tried if t.compiled_peak_bytes is not None]
+        if refusal is not None and not compiled:
+            raise refusal
+        raise InfeasibleBudgetError(
+            budget_bytes, min(compiled), f" (every plan tried compiles above it with Inductor: "
+            f"{len(tried)} plans, unfused peaks {min(t.planned_peak_bytes for _, t in tried)}-"
+            f"{max(t.planned_peak_bytes for _, t in tried)} B)")
+    chosen = min(feasible, key=lambda i: (tried[i][1].extra_time_s, -tried[i][1].compiled_peak_bytes))
+    return tried[chosen][0], InductorFit(budget_bytes, tuple(t for _, t in tried), chosen, reason)
+
+
+def _search_planning_budgets(budget_bytes: int, attempt: Callable[[int], FitIteration],
+                             tried: list[tuple[Plan, FitIteration]], iterations: int, tolerance: float) -> str:
+    """The search over planning budgets (see the module); returns why it stopped.
+    `InfeasibleBudgetError` when not even the leanest plan the solver names compiles within it."""
+    try:
+        it = attempt(budget_bytes)
     except InfeasibleBudgetError as err:
         # Too small to plan unfused; the leanest unfused plan may still compile under it.
         leanest = err.smallest_feasible_bytes
         if leanest is None or leanest <= budget_bytes:
             raise
-        first, it = attempt(leanest)
+        it = attempt(leanest)
         if it.compiled_peak_bytes is None or it.compiled_peak_bytes > budget_bytes:
             raise err from None
-    if it.compiled_peak_bytes is None:  # Inductor's plan unreadable: the unfused plan bounds it
-        return first, InductorFit(budget_bytes, (it,), 0, "Inductor's buffer plan could not be read")
-    store_all = first.store_all_peak_bytes
+    if it.compiled_peak_bytes is None:
+        return "Inductor's buffer plan could not be read"
+    store_all = tried[0][0].store_all_peak_bytes
     reason = f"{iterations} iterations"
     for _ in range(iterations - 1):
         fits = [t for _, t in tried if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes]
@@ -136,36 +178,40 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
         lo = max(fits, key=lambda t: t.planning_budget_bytes, default=None)
         hi = min(over, key=_ceiling, default=None)
         if lo is not None and budget_bytes - lo.compiled_peak_bytes <= tolerance * budget_bytes:
-            reason = "within tolerance"
-            break
+            return "within tolerance"
         if lo is not None and lo.extra_time_s == 0:
-            reason = "stores everything"
-            break
+            return "stores everything"
         nxt = _next_budget(budget_bytes, lo, hi, tried[-1][1], tried[-2][1] if len(tried) > 1 else None)
         if lo is not None and hi is not None and _ceiling(hi) - lo.planning_budget_bytes <= max(
                 1, tolerance * budget_bytes / 4):
-            reason = "bracket closed"
-            break
+            return "bracket closed"
         if lo is not None:
             nxt = min(nxt, max(store_all, lo.planning_budget_bytes + 1))
         if nxt in {t.planning_budget_bytes for _, t in tried}:
-            reason = "no new planning budget"
-            break
+            return "no new planning budget"
         try:
             attempt(nxt)
         except InfeasibleBudgetError:  # stepping down below what the solver can plan ends the search
-            reason = f"nothing plans at {nxt} B"
-            break
-    feasible = [i for i, (_, t) in enumerate(tried)
-                if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes]
-    if not feasible:  # even the plan for the budget itself compiles above it: the step would not fit
-        compiled = [t.compiled_peak_bytes for _, t in tried if t.compiled_peak_bytes is not None]
-        raise InfeasibleBudgetError(
-            budget_bytes, min(compiled), f" (every plan tried compiles above it with Inductor: "
-            f"{len(tried)} plans, planning budgets {min(t.planning_budget_bytes for _, t in tried)}-"
-            f"{max(t.planning_budget_bytes for _, t in tried)} B)")
-    chosen = min(feasible, key=lambda i: (tried[i][1].extra_time_s, -tried[i][1].compiled_peak_bytes))
-    return tried[chosen][0], InductorFit(budget_bytes, tuple(t for _, t in tried), chosen, reason)
+            return f"nothing plans at {nxt} B"
+    return reason
+
+
+def _probe_cheaper_seeds(budget_bytes: int, seeds: Callable[[], Iterable[Plan]],
+                         probe: Callable[[Plan, int, float, str], FitIteration],
+                         tried: list[tuple[Plan, FitIteration]]) -> None:
+    """Probe the seeds cheapest first while they cost less than the cheapest plan known to
+    fit: the first seed that fits is the cheapest that can, so the probing stops there."""
+    best = min((t.extra_time_s for _, t in tried
+                if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes), default=math.inf)
+    start = time.perf_counter()
+    ranked = sorted(seeds(), key=lambda plan: plan.extra_time_s)
+    made = (time.perf_counter() - start) / max(1, len(ranked))  # each seed's share of making them
+    for plan in ranked:
+        if plan.extra_time_s >= best:
+            return
+        it = probe(plan, plan.predicted_peak_bytes, made, plan.solver)
+        if it.compiled_peak_bytes is not None and it.compiled_peak_bytes <= budget_bytes:
+            return
 
 
 def _next_budget(target: int, lo: FitIteration | None, hi: FitIteration | None,

@@ -17,7 +17,7 @@ chunks: only the order in which weight-gradient terms are summed moves.
 
 Skipped, and said so: a chain whose intermediate is read outside it (returned, or used twice), or
 one with dropout inside (its chunks would draw other masks than the unsplit step: not the same
-function). `RowSplitError` where a split is asked for and no MLP can be split.
+function). `MlpSplitError` (a `RowSplitError`) where a split is asked for and no MLP can be split.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ _POINTWISE = {
 """Ops that treat every element alone; their tensor operands must be in the chain (same rows)."""
 _RANDOM = {aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
            aten.feature_alpha_dropout.default, aten.bernoulli.default, aten.bernoulli.p, aten.rand_like.default}
+
+
+class MlpSplitError(RowSplitError):
+    """An MLP split was asked for and no MLP could be split (a `RowSplitError`, so code that
+    catches those catches it; its own type lets the CLI name ``--split-mlp``)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def split_mlps(gm: torch.fx.GraphModule, chunks: int) -> MlpSplits:
             splits.append(_split(gm, chain, chunks))
     if not splits:
         detail = f" ({'; '.join(skipped)})" if skipped else ""
-        raise RowSplitError(f"split_mlp={chunks}: no linear -> activation -> linear chain in the model's "
+        raise MlpSplitError(f"split_mlp={chunks}: no linear -> activation -> linear chain in the model's "
                             f"forward could be split into row chunks{detail}; leave split_mlp at 1")
     stable_topological_order(gm.graph)
     gm.graph.lint()

@@ -230,9 +230,10 @@ def chunk_sizes(rows: int, chunks: int) -> list[int]:
 
 
 def module_path(node: torch.fx.Node) -> str:
-    """The path of the innermost module ``node`` ran in (empty outside a submodule)."""
+    """The path of the innermost module ``node`` ran in (empty outside a submodule), without
+    dynamo's ``L['self']`` root, so a graph from torch.compile names modules as capture does."""
     stack = node.meta.get("nn_module_stack") or {}
-    return str(list(stack.values())[-1][0]) if stack else ""
+    return str(list(stack.values())[-1][0]).removeprefix("L['self']").removeprefix(".") if stack else ""
 
 
 def _split_head(gm: torch.fx.GraphModule, head: torch.fx.Node, chunks: int) -> RowSplit:

@@ -29,6 +29,7 @@ import contextlib
 import copy
 import logging
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,12 +69,17 @@ class TorchPartition:
         return f"amb={self.fraction:g}"
 
 
-def partition_schedule(captured: CapturedStep, fraction: float) -> TorchPartition:
-    """Run torch's min-cut partitioner on a copy of the captured joint graph at ``fraction``."""
+def partition_schedule(captured: CapturedStep, fraction: float,
+                       static_inputs: Sequence[int] | None = None) -> TorchPartition:
+    """Run torch's min-cut partitioner on a copy of the captured joint graph at ``fraction``;
+    ``static_inputs``: the joint inputs that live through the step (default: the captured
+    parameters and buffers, which come first)."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"activation_memory_budget must be within [0, 1], got {fraction}")
     graph = captured.graph
-    static_inputs = list(range(len(captured.param_names) + len(captured.buffer_names)))
+    if static_inputs is None:
+        static_inputs = range(len(captured.param_names) + len(captured.buffer_names))
+    static_inputs = list(static_inputs)
     try:
         with warnings.catch_warnings(), _quiet_partitioner_logs():
             warnings.simplefilter("ignore")

@@ -200,3 +200,24 @@ def test_split_flag_bad_value_and_a_model_without_a_head_are_usage_errors(capsys
     assert main([example_path("mlp"), "--budget", "90%", "--split", "2"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "--split:" in err and "Traceback" not in err
+
+
+def test_split_mlp_flag_plans_chunked_mlps_and_bad_uses_are_usage_errors(capsys, tmp_path):
+    """``--split-mlp 2`` reaches ``optimize(split_mlp=2)`` (the plan names the MLPs it split); a
+    bad value (checked before the model file is read), a model with no MLP chain, and a mode that
+    would plan the step unsplit are one-line usage errors."""
+    out = tmp_path / "plan.json"
+    assert main([example_path("mlp"), "--budget", "90%", "--split-mlp", "2", "--time-limit", "5",
+                 "--json", str(out)]) == 0
+    assert "split 3 MLPs" in capsys.readouterr().out
+    assert "into 2 row chunks" in json.loads(out.read_text())["message"]
+    for value in ("x", "0", "-2", "1.5"):
+        assert main(["/no/such/model.py", "--budget", "90%", "--split-mlp", value]) == EXIT_USAGE
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--split-mlp takes a positive number of row chunks or 'auto'" in err[0]
+    assert main([example_path("convnet"), "--budget", "90%", "--split-mlp", "2"]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("remat-opt: error: --split-mlp: split_mlp=2: no linear")
+    for mode in (["--meta"], ["--runtime", "eager"], ["--world-size", "2", "--strategy", "ddp"]):
+        assert main([example_path("mlp"), "--budget", "90%", "--split-mlp", "2", *mode]) == EXIT_USAGE
+        assert "planned by the graph runtime only" in capsys.readouterr().err

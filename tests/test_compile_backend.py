@@ -204,8 +204,9 @@ def test_inductor_compiles_the_plan_and_predicts_the_compiled_peak():
         p.grad = None
     measured = profiled_peak(lambda: _step(compiled, (x,))) + resident_bytes(compiled_model, (x,))
     assert abs(measured - predicted) <= 0.02 * predicted, (measured, predicted)
-    # Fusion and reuse make the compiled step much smaller than the unfused plan says.
-    assert predicted < 0.8 * planned.plan.predicted_peak_bytes
+    # Fusion and reuse make the compiled step much smaller than the unfused plan says (85% here
+    # since the backend CSEs the joint graph as torch's partitioners do; 79% before).
+    assert predicted < 0.9 * planned.plan.predicted_peak_bytes
 
 
 def test_a_forward_op_after_backward_ops_is_moved_first():

@@ -8,6 +8,7 @@ the unfitted plan's, the probe's prediction is the real compile's, and gradients
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -30,6 +31,7 @@ class _StaircasePlan:
     extra_time_s: float
     extra_flops: float
     store_all_peak_bytes: int
+    solver: str = "staircase"
 
 
 def _staircase(layers: int, layer: int, fixed: int, fused_share: float):
@@ -198,3 +200,25 @@ def test_plans_that_all_compile_above_the_budget_are_refused_not_kept():
         fit_plan(30_000, plan_at, probe, iterations=4, tolerance=0.02)
     assert err.value.smallest_feasible_bytes is not None and err.value.smallest_feasible_bytes > 30_000
     assert "compiles above it with Inductor" in str(err.value)
+
+
+def test_a_cheaper_seed_that_compiles_within_the_budget_is_kept_and_costlier_ones_are_not_probed():
+    """Seeds (the backend's min-cut partitions) are probed after the search only when they cost
+    less than the cheapest plan known to fit; the cheapest that fits wins, named by its source."""
+    staircase, probe, _ = _staircase(layers=40, layer=1000, fixed=10_000, fused_share=0.0)
+    probes: list[int] = []
+
+    def counting_probe(plan) -> int:
+        probes.append(plan.predicted_peak_bytes)
+        return probe(plan)
+
+    def seed(kept: int, name: str) -> _StaircasePlan:
+        plan = staircase(10_000 + kept * 1000)
+        return dataclasses.replace(plan, extra_time_s=plan.extra_time_s / 2, solver=name)  # fused: half
+
+    seeds = [seed(38, "too big"), seed(20, "fits"), seed(5, "costlier")]
+    plan, fit = fit_plan(30_000, staircase, counting_probe, iterations=2, tolerance=0.02, seeds=lambda: seeds)
+    assert plan.solver == "fits" and fit.iterations[fit.chosen].source == "fits"
+    assert fit.compiled_peak_bytes <= 30_000
+    sources = [it.source for it in fit.iterations]
+    assert "too big" in sources and "costlier" not in sources  # 17.5 > 10: never probed

@@ -111,6 +111,11 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
                              "4, 8 and keep the cheapest plan that fits), so the whole logits no "
                              "longer set the memory floor; README 'Splitting huge ops'")
+    parser.add_argument("--split-mlp", default=None, metavar="M|auto",
+                        help="run every MLP (linear -> activation -> linear, SwiGLU too) in M chunks "
+                             "of token rows, so its wide intermediate exists one chunk at a time "
+                             "(auto: try 2, 4, 8 after the head's split and keep the cheapest plan "
+                             "that fits); README 'Splitting huge ops'")
     parser.add_argument("--outputs", choices=("all", "loss"), default="all",
                         help="all (default): the module returns every output; loss: only the scalar "
                              "losses (None in place of the logits and other tensors), so their memory "
@@ -229,6 +234,7 @@ def _side_effects_policy(args: argparse.Namespace):
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
     from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
+    from frontends.mlp_split import MlpSplitError  # heavy: torch, not imported for --help or a usage error
     from frontends.output_selection import NoLossOutputError  # heavy: torch, as below
     from frontends.row_split import RowSplitError  # heavy: torch, not imported for --help or a usage error
 
@@ -236,6 +242,8 @@ def _planning_errors(budget: str | int):
         yield
     except CaptureError as err:
         raise CliError(str(err), EXIT_TRACE) from None
+    except MlpSplitError as err:
+        raise CliError(f"--split-mlp: {err}", EXIT_USAGE) from None
     except RowSplitError as err:
         raise CliError(f"--split: {err}", EXIT_USAGE) from None
     except NoLossOutputError as err:
@@ -253,12 +261,13 @@ def _planning_errors(budget: str | int):
         raise CliError(str(err), EXIT_SOLVER) from None
 
 
-def _split(text: str | None) -> int | str | None:
+def _split(text: str | None, flag: str = "--split") -> int | str | None:
+    """``--split`` / ``--split-mlp``: None, ``auto`` or a positive chunk count; else a usage error."""
     if text is None or text == "auto":
         return text
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    raise CliError(f"--split takes a positive number of row chunks or 'auto', got {text!r}", EXIT_USAGE)
+    raise CliError(f"{flag} takes a positive number of row chunks or 'auto', got {text!r}", EXIT_USAGE)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -268,12 +277,19 @@ def run(args: argparse.Namespace) -> str:
     if args.budget is None and args.device is None:
         raise CliError("give --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
     budget, cost_model, allocator = _device_settings(args)
+    split, split_mlp = _split(args.split), _split(args.split_mlp, "--split-mlp")
     for path in (args.json,):
         if path:
             _check_writable(path)
     if args.save_graphs:
         for name in ("forward.py", "backward.py"):
             _check_writable(os.path.join(args.save_graphs, name))
+    other = ("--meta" if args.meta else "--world-size/--strategy"
+             if args.world_size is not None or args.strategy is not None
+             else "--runtime eager" if args.runtime == "eager" else None)
+    if other and (split is not None or split_mlp is not None):  # those paths do not split: say so
+        raise CliError(f"--split and --split-mlp are planned by the graph runtime only: drop them with {other}",
+                       EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
     if args.meta:
         return _run_meta(args, model, inputs, budget, cost_model, allocator)
@@ -287,8 +303,8 @@ def run(args: argparse.Namespace) -> str:
         module = optimize(model, inputs, budget, solver=args.solver, time_limit=args.time_limit,
                           verbose=args.verbose, cost_model=cost_model, allocator=allocator,
                           milp_engine=args.milp_engine, grad_outputs=args.grad_outputs,
-                          python_side_effects=args.python_side_effects, split=_split(args.split),
-                          outputs=args.outputs)
+                          python_side_effects=args.python_side_effects, split=split,
+                          outputs=args.outputs, split_mlp=split_mlp)
     plan = module.plan
     measured = None
     if args.measure:
@@ -401,6 +417,9 @@ def run_whatif(args: argparse.Namespace) -> str:
 
     if args.measure or args.save_graphs:
         raise CliError("--measure and --save-graphs run one plan: leave out --sweep, --max-batch, "
+                       "--report and --plots", EXIT_USAGE)
+    if args.split is not None or args.split_mlp is not None:  # what-if plans unsplit steps: say so
+        raise CliError("--split and --split-mlp split one plan's step: leave out --sweep, --max-batch, "
                        "--report and --plots", EXIT_USAGE)
     if args.max_batch and args.budget is None and args.device is None:
         raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)

@@ -71,6 +71,9 @@ class StepBudgetSummary:
     """Trial Inductor compiles the fits ran (buffer planning only, no kernels)."""
     fit_seconds: float = 0.0
     """What the fits added to planning each graph once: their probes and re-plans (seconds)."""
+    graph_strategies: tuple[str, ...] = ()
+    """Where each graph's plan came from: the solver, or the seed the Inductor fit kept
+    (``torch-min-cut amb=0.5``: torch's partition at that budget, compiled cheaper within it)."""
 
     @property
     def fits(self) -> bool:
@@ -115,7 +118,7 @@ def step_peak_bound(graphs: Sequence[GraphFootprint]) -> int:
 def summarize(budget_bytes: int | None, budgets: Sequence[int],
               graphs: Sequence[GraphFootprint], *, compiled: bool = False, extra_flops: float = 0.0,
               extra_time_s: float = 0.0, fit_iterations: Sequence[int] = (), fit_probes: int = 0,
-              fit_seconds: float = 0.0) -> StepBudgetSummary:
+              fit_seconds: float = 0.0, graph_strategies: Sequence[str] = ()) -> StepBudgetSummary:
     return StepBudgetSummary(
         graphs=len(graphs),
         graph_breaks=max(0, len(graphs) - 1),
@@ -128,6 +131,7 @@ def summarize(budget_bytes: int | None, budgets: Sequence[int],
         extra_flops=extra_flops,
         extra_time_s=extra_time_s,
         fit_iterations=tuple(fit_iterations),
+        graph_strategies=tuple(graph_strategies),
         fit_probes=fit_probes,
         fit_seconds=fit_seconds,
     )

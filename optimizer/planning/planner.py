@@ -66,13 +66,22 @@ def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, 
                       allocator: AllocatorModel | None = None, message: str = "") -> Plan:
     """The plan ``like``'s schedule makes on ``graph``: the same step at other input sizes
     (see `frontends.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
+    return plan_from_schedule(graph, schedule, budget_bytes, solver=like.solver, status=like.status,
+                              allocator=allocator, graph_nodes=like.graph_nodes, message=message)
+
+
+def plan_from_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, *, solver: str,
+                       status: str, allocator: AllocatorModel | None = None, graph_nodes: int = 0,
+                       message: str = "") -> Plan:
+    """The plan a schedule made elsewhere (another strategy, another size) makes on ``graph``,
+    ``solver`` naming where it came from. Simulated here, not solved: no bound or gap."""
     allocator = allocator or AllocatorModel(block_bytes=1)
     graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     schedule = Schedule.from_computes(graph, schedule.computes("forward"), schedule.computes("backward"))
     sim = simulate(graph, schedule)
-    return _plan(graph, budget_bytes, like.solver, like.status, store_all, sim, schedule, allocator,
-                 like.graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message)
+    return _plan(graph, budget_bytes, solver, status, store_all, sim, schedule, allocator,
+                 graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message)
 
 
 def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_all: SimulationResult,
