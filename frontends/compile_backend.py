@@ -61,8 +61,8 @@ from frontends.inductor_memory import (
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
 from frontends.symbolic_sizes import SymbolSizes
+from frontends.torch_partitioner import DEFAULT_FRACTIONS, partition_schedule
 from frontends.torch_partitioner import STRATEGY_NAME as TORCH_MIN_CUT
-from frontends.torch_partitioner import partition_schedule
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes, resolve_budget
 from optimizer.ir.graph import RematGraph
@@ -79,10 +79,11 @@ from solvers.base import SolverOptions
 
 COMPILERS = ("auto", "inductor", "eager")
 _PLAN_KEY = "remat_opt_compile_id"
-MIN_CUT_SEEDS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
-"""``activation_memory_budget`` values whose min-cut partitions seed ``fit="inductor"``: torch's
-partitioner prices fusible pointwise recomputation as free, which the unfused solver cannot see;
-a seed is probed only when it costs less than the cheapest plan known to compile within budget."""
+MIN_CUT_SEEDS = DEFAULT_FRACTIONS
+"""``activation_memory_budget`` values (0 to 1 by 0.1) whose min-cut partitions seed
+``fit="inductor"``: torch's partitioner prices fusible pointwise recomputation as free, which
+the unfused solver cannot see; a seed is probed only when it costs less than the cheapest plan
+known to compile within the budget."""
 
 
 class GraphBreakError(RuntimeError):
