@@ -51,7 +51,7 @@ from frontends.hf_training import (
 )
 from frontends.mlp_split import MlpSplits, split_mlps
 from frontends.output_selection import check_outputs, keep_only_losses
-from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, state_device_bytes
+from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, is_random_op, state_device_bytes
 from frontends.row_split import RowSplit, check_chunks
 from frontends.row_split import split_rows as split_head_rows
 from frontends.sharding import check_no_sharded_submodules
@@ -425,10 +425,9 @@ def build_remat_graph(
         if not fresh:
             continue  # an alias (view, detach, ...) or an op without tensor output
         target = node.target
-        tags = getattr(target, "tags", ())
         schema = getattr(target, "_schema", None)
-        random = torch.Tag.nondeterministic_seeded in tags or target is RNG_STATE_OP
-        mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure() and not random)
+        random = is_random_op(node) or target is RNG_STATE_OP
+        mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure(impure_random=False) and not random)
         if target not in RECOMPUTABLE_READERS_OF_MUTATED and any(
             value_of.get(a.name) in mutated for a in reads
         ):

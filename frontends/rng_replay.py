@@ -78,9 +78,25 @@ def state_device_bytes(state_node: fx.Node) -> int:
     return _CPU_STATE_BYTES if state_device(state_node).type == "cpu" else 0
 
 
-def _is_random(node: fx.Node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in node.target.tags)
+def is_random_op(node: fx.Node) -> bool:
+    """Whether ``node`` draws random numbers: an op torch tags ``nondeterministic_seeded``, except
+    an attention kernel called with ``dropout_p=0`` (SDPA's flash/efficient/cudnn kernels carry
+    the tag for their dropout; without it they are deterministic and may be recomputed freely)."""
+    if not (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in node.target.tags):
+        return False
+    arguments = node.target._schema.arguments
+    names = [a.name for a in arguments]
+    if "dropout_p" not in names:
+        return True
+    index = names.index("dropout_p")
+    if "dropout_p" in node.kwargs:
+        p = node.kwargs["dropout_p"]
+    elif index < len(node.args):
+        p = node.args[index]
+    else:
+        p = arguments[index].default_value
+    return not (isinstance(p, (int, float)) and p == 0)
 
 
 def _replay_device(node: fx.Node) -> torch.device | None:
@@ -108,7 +124,7 @@ def add_rng_states(gm: fx.GraphModule) -> int:
             backward.add(node)
     added = 0
     for node in list(graph.nodes):
-        if not _is_random(node) or node in backward or node.meta.get("partitioner_tag") == "is_backward":
+        if not is_random_op(node) or node in backward or node.meta.get("partitioner_tag") == "is_backward":
             continue
         device = _replay_device(node)
         if device is None:

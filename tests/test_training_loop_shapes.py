@@ -224,3 +224,27 @@ def test_torch_compile_with_automatic_dynamic_shapes():
     # planned at the frame's first (largest) length, not at the hint of the call that recompiled
     assert recompiled.plan.store_all_peak_bytes == first_store_all
     torch._dynamo.reset()
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, dropout_p: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.dropout_p = dropout_p
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p).square().sum()
+
+
+@pytest.mark.parametrize("dropout_p, random", [(0.0, False), (0.1, True)])
+def test_attention_draws_random_numbers_only_with_dropout(dropout_p, random):
+    """torch tags SDPA's kernels nondeterministic_seeded for their dropout; with dropout_p=0 they
+    are deterministic, so the plan may recompute them like any op (Inductor's min-cut does; as a
+    run-once op the ViT example's attention outputs were saved at every budget)."""
+    step = capture(_Attention(dropout_p).double(), (torch.randn(2, 8, 16, dtype=torch.float64),))
+    kernels = [n for n in step.gm.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert random or kernels  # without dropout: the fused kernel (with it, export decomposes to math)
+    drawing = [n.name for n in step.graph.nodes if n.random]
+    assert bool(drawing) is random, drawing
