@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from e2e_helpers import clone, load_example, max_relative_error, resident_bytes, train_step  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from frontends.compile_backend import RematBackend, inductor_available, remat_backend  # noqa: E402
+from frontends.compile_backend import inductor_available, remat_backend  # noqa: E402
 from frontends.compiled_memory import profiled_peak  # noqa: E402
 
 MODELS = {"gpt": {"dropout": 0.0}, "mlp": {}}
@@ -56,14 +56,17 @@ class Run:
     """Why the step did not compile (then every number is 0)."""
 
 
-class _CountingFlops:
-    """Wraps the Inductor-compiled callables the backend produces so FLOPs can be counted inside
-    them (a dispatch mode around the compiled module would make dynamo fall back to eager)."""
+class InductorFlops:
+    """Counts FLOPs inside Inductor-compiled callables: wraps an Inductor ``inner_compile``
+    (``compile_fx_inner`` or the backend's own) so each compiled graph counts under
+    ``FlopCounterMode`` while `counting` is entered (a dispatch mode around the compiled module
+    would make dynamo fall back to eager)."""
 
-    def __init__(self, backend: RematBackend) -> None:
+    def __init__(self) -> None:
         self.total: int | None = None
-        inner = backend._inductor_inner
+        self.result = 0
 
+    def wrap(self, inner):
         def counted_inner(*args, **kwargs):
             output = inner(*args, **kwargs)
             run = output.current_callable
@@ -79,7 +82,7 @@ class _CountingFlops:
             output.current_callable = counted
             return output
 
-        backend._inductor_inner = counted_inner
+        return counted_inner
 
     @contextlib.contextmanager
     def counting(self):
@@ -90,12 +93,14 @@ class _CountingFlops:
             self.result, self.total = self.total, None
 
 
-def measure(name: str, label: str, budget: str, fit: str | None, solver: str, iterations: int) -> Run:
+def measure(name: str, label: str, budget: str, fit: str | None, args: argparse.Namespace) -> Run:
     torch._dynamo.reset()
     model, inputs = load_example(name, **MODELS[name])
     _, ref_grads = train_step(clone(model), inputs)
-    backend = remat_backend(budget, compiler="inductor", solver=solver, fit=fit, fit_iterations=iterations)
-    flops = _CountingFlops(backend)
+    backend = remat_backend(budget, compiler="inductor", solver=args.solver, time_limit=args.time_limit,
+                            cost_model=args.cost_model, fit=fit, fit_iterations=args.iterations)
+    flops = InductorFlops()
+    backend._inductor_inner = flops.wrap(backend._inductor_inner)
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
 
@@ -133,7 +138,8 @@ def report(runs: list[Run], args: argparse.Namespace, seconds: float) -> str:
         f"Machine: the 2-core x86_64 development VM (shared, loaded: load average {load:.1f} at the end), "
         f"torch {torch.__version__}, {platform.python_version()}, one intra-op thread, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Float64, dropout off, "
-        f"solver `{args.solver}`, `fit_iterations={args.iterations}`, default `fit_tolerance` (2%).",
+        f"solver `{args.solver}` (time limit {args.time_limit:g} s), cost model `{args.cost_model}`, "
+        f"`fit_iterations={args.iterations}`, default `fit_tolerance` (2%).",
         "",
         "Peaks are measured (CPU allocator + resident parameters and inputs); 'share' is of the budget. "
         "Extra FLOPs are the step's FlopCounterMode count minus the compiled store-all step's. "
@@ -178,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="gpt,mlp")
     parser.add_argument("--budgets", default="50,70,90", help="percentages of each graph's store-all peak")
     parser.add_argument("--solver", default="greedy")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per plan (s)")
+    parser.add_argument("--cost-model", default="flops", help="flops (modelled time) or flop-count")
     parser.add_argument("--iterations", type=int, default=4, help="fit_iterations")
     parser.add_argument("--out-md", default=os.path.join(ROOT, "benchmarks", "inductor_fit.md"))
     args = parser.parse_args(argv)
@@ -196,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, budget, fit in jobs:
             label = f"{label} fit" if fit else label
             try:
-                run = measure(name, label, budget, fit, args.solver, args.iterations)
+                run = measure(name, label, budget, fit, args)
             except Exception as err:  # noqa: BLE001  # a budget that does not plan is a row, not a crash
                 run = Run(name, label, 0, 0, 0, 0, 0, 0.0, 0, 0.0, error=f"{type(err).__name__}: {err}")
             print(run, flush=True)
