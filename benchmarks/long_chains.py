@@ -24,7 +24,13 @@ formula for the same memory, and the cheapest nested ``torch.utils.checkpoint`` 
     python benchmarks/long_chains.py --steps 100 1000 --out benchmarks/long_chains.md
 
 The 100-step plans are run and measured (``--measure-up-to``); longer ones are planned on the
-captured graph (`optimizer.planning.planner.plan_graph`, what ``optimize`` calls).
+captured graph (`optimizer.planning.planner.plan_graph`, what ``optimize`` calls). Nested
+checkpointing is measured up to ``--nested-up-to`` steps (a 10,000-step eager run under the
+memory tracker is not worth its time); ``--budgets`` picks the percentages. For the 10,000-step
+planning target (capture + plan <= 5 minutes):
+
+    python benchmarks/long_chains.py --steps 10000 --budgets 10 --time-limit 60 --measure-up-to 0 \
+        --nested-up-to 0 --out /tmp/long_chains_10000.md
 """
 
 from __future__ import annotations
@@ -140,7 +146,7 @@ def run(steps: int, args) -> list[str]:
     torch.manual_seed(0)
     x = torch.randn(BATCH, WIDTH)
     plans = []
-    for fraction in FRACTIONS:
+    for fraction in args.budgets:
         budget = f"{round(fraction * 100)}%"
         options = SolverOptions(time_limit_s=args.time_limit)
         start = time.perf_counter()
@@ -159,7 +165,7 @@ def run(steps: int, args) -> list[str]:
         print(f"planned {steps} steps at {budget}: extra {plan.extra_time_s / plan.step_time_s:.3f} "
               f"in {plans[-1][3]:.1f} s ({plan.message[:80]})", flush=True)
     nested = []  # measured after the plans: the memory tracker is slow on long eager chains
-    for outer, inner in nested_configs(steps):
+    for outer, inner in nested_configs(steps) if steps <= args.nested_up_to else ():
         torch.manual_seed(0)
         peak = measure_step(Loop(steps, outer, inner), (x,), repeats=1).peak_bytes
         levels = 2 if inner else 1
@@ -178,16 +184,22 @@ def run(steps: int, args) -> list[str]:
                     else "none fits")
         chosen = re.search(r"best: ([\w-]+)", plan.message)
         source = chosen[1] if chosen else plan.solver
+        nested_cell = ((f"{best[1]:.3f} ({best[2]}, {best[0]:,} B)" if best else "none fits")
+                       if nested else "not measured")
         rows.append(
             f"| {steps} | {budget} ({plan.budget_bytes:,} B) | {extra:.3f} | "
             f"{'-' if plan.gap is None else f'{plan.gap:.1%}'} | {seconds:.1f} | "
             f"{plan.predicted_peak_bytes:,} | {'-' if measured is None else f'{measured:,}'} | "
             f"{formula:.3f} (c={slots}) | {on_graph} | "
-            + (f"{best[1]:.3f} ({best[2]}, {best[0]:,} B)" if best else "none fits") + f" | {source} |")
+            + nested_cell + f" | {source} |")
         print(rows[-1], flush=True)
+    plan_s = ", ".join(f"{seconds:.1f} s" for *_, seconds in plans)
     head = (f"\n{steps} steps: {len(graph.ops):,} values, store-all peak {store_all:,} B; capture "
-            + ("cached" if math.isnan(capture_s) else f"{capture_s:.1f} s") + "; nested checkpoint "
-            "measured: " + ", ".join(f"{name} {peak:,} B" for peak, _, name in nested) + "\n")
+            + ("cached" if math.isnan(capture_s) else f"{capture_s:.1f} s") + f"; plan {plan_s}"
+            + ("" if math.isnan(capture_s) or steps <= args.measure_up_to else
+               f" (capture + plan: {', '.join(f'{capture_s + s:.1f} s' for *_, s in plans)})")
+            + "; nested checkpoint measured: "
+            + (", ".join(f"{name} {peak:,} B" for peak, _, name in nested) or "none") + "\n")
     return [head] + rows
 
 
@@ -197,9 +209,14 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--measure-up-to", type=int, default=100,
                         help="run optimize() and measure the peak for chains up to this length")
+    parser.add_argument("--nested-up-to", type=int, default=1000,
+                        help="measure nested torch.utils.checkpoint for chains up to this length")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[f * 100 for f in FRACTIONS],
+                        help="budgets in percent of store-all's peak")
     parser.add_argument("--cache", default=None, help="folder for captured graphs (pickles)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "long_chains.md"))
     args = parser.parse_args()
+    args.budgets = [b / 100 for b in args.budgets]
     lines = ["# Long chains: residual time-stepping loops", "",
              "`python benchmarks/long_chains.py " + " ".join(sys.argv[1:]) + "` (CPU, flops cost "
              "model). extra: recomputation / plain step cost; gap: to the proven lower bound; "

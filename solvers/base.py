@@ -137,6 +137,13 @@ class InfeasibleBudgetError(ValueError):
         super().__init__(f"no schedule fits a budget of {budget_bytes} bytes{hint}{detail}")
 
 
+class ScheduleTooLongError(ValueError):
+    """A solver refuses to build a schedule too long to build or simulate (recompute-all on a
+    long chain: hundreds of millions of recomputations); the message names the estimate and a
+    solver to use instead. A ValueError, as for a solver that does not apply to the graph: the
+    classic-schedule phases of ``auto`` and ``hierarchical`` skip it."""
+
+
 class SolverUnavailableError(RuntimeError):
     """An optional back-end is not installed; the message says what to install."""
 

@@ -10,15 +10,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 
 from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
-from solvers.base import SolveResult, SolverOptions, heuristic_result
+from solvers.base import ScheduleTooLongError, SolveResult, SolverOptions, heuristic_result
 
 
 def store_all_schedule(graph: RematGraph) -> Schedule:
+    """Plain autograd's schedule, built once per graph (`per_graph`): auto, hierarchical, the
+    chain solvers and the planner all start from it, and a 10,000-step loop's takes seconds."""
+    return per_graph(graph, _store_all)
+
+
+def _store_all(graph: RematGraph) -> Schedule:
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     backward = [n.name for n in graph.ops if n.phase is Phase.BACKWARD]
     return Schedule.from_computes(graph, forward, backward)
@@ -35,8 +42,9 @@ class _ClosureTables:
         self.position = {n.name: i for i, n in enumerate(graph.nodes)}
 
 
-def forward_closure(graph: RematGraph, targets: list[str], available: set[str]) -> list[str]:
-    """Forward values needed to compute ``targets`` from ``available``, in topological order."""
+def forward_closure(graph: RematGraph, targets: list[str], available: Container[str]) -> list[str]:
+    """Forward values needed to compute ``targets`` from ``available`` (a set, or anything that
+    answers ``in``), in topological order."""
     tables = per_graph(graph, _ClosureTables)
     inputs_of, members_of = tables.forward_inputs, tables.members
     needed: set[str] = set()
@@ -82,9 +90,21 @@ def recompute_all_steps_estimate(graph: RematGraph) -> int:
     return total
 
 
+def recompute_all_refusal(graph: RematGraph) -> str | None:
+    """Why recompute-all is not built on ``graph``: past `RECOMPUTE_ALL_MAX_STEPS`
+    recomputations (`recompute_all_steps_estimate`); None when it is within the cap."""
+    estimate = recompute_all_steps_estimate(graph)
+    if estimate <= RECOMPUTE_ALL_MAX_STEPS:
+        return None
+    return (f"recompute-all would recompute up to {estimate:,} ops on this graph, past its cap of "
+            f"{RECOMPUTE_ALL_MAX_STEPS:,} (each backward op recomputes the forward values it reads "
+            "from the inputs: quadratic in a long chain's length); use a solver that scales with "
+            "the chain, such as 'rotor' or 'auto'")
+
+
 def recompute_all_within_cap(graph: RematGraph) -> Schedule | None:
     """recompute-all, or None past `RECOMPUTE_ALL_MAX_STEPS` recomputations (not built)."""
-    if recompute_all_steps_estimate(graph) > RECOMPUTE_ALL_MAX_STEPS:
+    if recompute_all_refusal(graph) is not None:
         return None
     return recompute_all_schedule(graph)
 
@@ -110,6 +130,11 @@ def solve_store_all(graph: RematGraph, budget_bytes: int, options: SolverOptions
 
 
 def solve_recompute_all(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
+    """recompute-all; ScheduleTooLongError past its cap (`recompute_all_refusal`): on a
+    10,000-step loop it would run 400 million recomputations, practically forever."""
     start = time.perf_counter()
+    refusal = recompute_all_refusal(graph)
+    if refusal is not None:
+        raise ScheduleTooLongError(refusal)
     schedule = recompute_all_schedule(graph)
     return heuristic_result("recompute-all", budget_bytes, schedule, simulate(graph, schedule), start)

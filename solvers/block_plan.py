@@ -131,7 +131,13 @@ def _knapsack(options: list[list[BlockOption]], allowance: int) -> list[BlockOpt
 
 def block_schedules(graph: RematGraph, budget_bytes: int, deadline: float
                     ) -> tuple[list[tuple[str, Schedule]], str]:
-    """Schedules from the block plan (best allowance found) and a note on the blocks found."""
+    """Schedules from the block plan (best allowance found) and a note on the blocks found.
+
+    Each plan is a schedule built and simulated (seconds on a 10,000-step loop): none starts past
+    ``deadline``, and the saved-set repair (two schedules at least) only when two plans' time is
+    left."""
+    if time.perf_counter() >= deadline:
+        return [], "no time left for block plans"
     kinds = block_kinds(graph)
     if not kinds:
         return [], "no repeated blocks found"
@@ -152,15 +158,23 @@ def block_schedules(graph: RematGraph, budget_bytes: int, deadline: float
     note = (f"{len(instances)} blocks of {len(kinds)} kind(s), "
             f"{sum(len(c) for c in {id(c): c for _, c in instances}.values())} block options")
 
+    took: list[float] = []  # seconds of each plan
+
     def plan(allowance: int) -> tuple[Schedule, int, frozenset[str]] | None:
         picked = _knapsack([curve for _, curve in instances], allowance)
         if picked is None:
             return None
+        began = time.perf_counter()
         saved = set(outside)
         for (values, _), option in zip(instances, picked):
             saved.update(values[i] for i in option.keep)
         schedule = segment_schedule(graph, saved, segment_of)
-        return schedule, simulate(graph, schedule).peak_bytes, frozenset(saved)
+        result = schedule, simulate(graph, schedule).peak_bytes, frozenset(saved)
+        took.append(time.perf_counter() - began)
+        return result
+
+    def room_for_repair() -> bool:
+        return time.perf_counter() + 2 * max(took, default=0.0) <= deadline
 
     most = sum(max(o.kept_bytes for o in curve) for _, curve in instances)
     low, high, found = 0, most, None
@@ -168,7 +182,7 @@ def block_schedules(graph: RematGraph, budget_bytes: int, deadline: float
     if first is not None and first[1] <= budget_bytes:
         found = first
     else:
-        while high - low > max(1, most // 256) and time.perf_counter() < deadline:
+        while high - low > max(1, most // 256) and time.perf_counter() + max(took, default=0.0) <= deadline:
             mid = (low + high) // 2
             attempt = plan(mid)
             if attempt is not None and attempt[1] <= budget_bytes:
@@ -176,11 +190,15 @@ def block_schedules(graph: RematGraph, budget_bytes: int, deadline: float
             else:
                 high = mid
     if found is None:
+        if not room_for_repair():
+            return [], note
         start = plan(0)
-        if start is None:
+        if start is None or not room_for_repair():
             return [], note
         repaired = repair_saved_set(graph, start[2], budget_bytes, deadline)
         return ([("block-dp", repaired)] if repaired is not None else []), note
+    if not room_for_repair():
+        return [("block-dp", found[0])], note
     polished = repair_saved_set(graph, found[2], budget_bytes, deadline,
                                 candidates=frozenset(in_blocks - found[2]))
     plans = [("block-dp", found[0])]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.ir.schedule import StepKind
 from solvers.baselines import forward_closure, store_all_schedule
@@ -111,32 +112,53 @@ def _recompute(
     return _walk(graph, order, set(targets), pinned)
 
 
+class _WalkTables:
+    """Per-graph lookups for `_walk` (see `per_graph`): a chain model walks every op of the
+    forward several times, and node lookups were most of it on a 10,000-step loop."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.members = {n.name: graph.group_of(n.name) for n in graph.ops}
+        self.inputs = {n.name: tuple(dict.fromkeys(n.inputs)) for n in graph.ops}
+        self.bytes = {n.name: n.bytes for n in graph.nodes}
+        self.temp = {n.name: n.temp_bytes for n in graph.ops}
+        self.cost = {n.name: n.cost for n in graph.ops}
+
+
 def _walk(graph: RematGraph, order: list[str], targets: set[str], pinned: set[str]) -> Recompute:
-    """Free each computed value after its last read inside ``order`` unless it is a target."""
+    """Free each computed value after its last read inside ``order`` unless it is a target.
+
+    Linear in ``order``: the live bytes are a running sum, and only the values a run computes
+    or reads can become free after it (a super-stage of a 10,000-step loop recomputes
+    thousands of ops)."""
+    tables = per_graph(graph, _WalkTables)
+    members_of, inputs_of, size = tables.members, tables.inputs, tables.bytes
     reads: dict[str, int] = {}
     runs: list[tuple[str, ...]] = []
     i = 0
     while i < len(order):
-        members = graph.group_of(order[i])
+        members = members_of[order[i]]
         runs.append(members)
-        for inp in dict.fromkeys(graph[members[0]].inputs):
+        for inp in inputs_of[members[0]]:
             reads[inp] = reads.get(inp, 0) + 1
         i += len(members)
     live: dict[str, int] = {}
+    live_bytes = 0
     peak = cost = 0.0
     for members in runs:
-        first = graph[members[0]]
-        alloc = sum(graph[m].bytes for m in members if m not in pinned)
-        peak = max(peak, sum(live.values()) + alloc + first.temp_bytes)
-        cost += first.cost
+        head = members[0]
+        alloc = sum(size[m] for m in members if m not in pinned)
+        peak = max(peak, live_bytes + alloc + tables.temp[head])
+        cost += tables.cost[head]
         for m in members:
             if m not in pinned:
-                live[m] = graph[m].bytes
-        for inp in dict.fromkeys(first.inputs):
+                live_bytes += size[m] - live.get(m, 0)
+                live[m] = size[m]
+        inputs = inputs_of[head]
+        for inp in inputs:
             reads[inp] -= 1
-        for name in list(live):
-            if reads.get(name, 0) == 0 and name not in targets:
-                del live[name]
+        for name in (*members, *inputs):
+            if name in live and reads.get(name, 0) == 0 and name not in targets:
+                live_bytes -= live.pop(name)
     return Recompute(tuple(order), float(cost), int(peak))
 
 
@@ -214,19 +236,25 @@ def _backward_peak(
     graph: RematGraph, groups: tuple[tuple[str, ...], ...], tape: tuple[str, ...],
     before: int, during: dict[str, int],
 ) -> int:
-    """Most bytes while ``groups`` run: fixed bytes plus tape values still to be read."""
+    """Most bytes while ``groups`` run: fixed bytes plus tape values still to be read (a
+    running sum: linear in the stage's backward, which is thousands of groups on a
+    super-stage of a long loop)."""
+    on_tape = set(tape)
     last_read: dict[str, int] = {}
     for i, members in enumerate(groups):
         for v in graph[members[0]].inputs:
-            if v in tape:
+            if v in on_tape:
                 last_read[v] = i
+    done_at: dict[int, int] = {}  # bytes of the tape values last read by group i
+    for v, last in last_read.items():
+        done_at[last] = done_at.get(last, 0) + graph[v].bytes
     peak = before + sum(graph[v].bytes for v in tape)
+    pending = sum(done_at.values())
     for i, members in enumerate(groups):
         group = graph[members[0]].group
-        if group not in during:  # a dead op (nothing reads it): no schedule runs it
-            continue
-        pending = sum(graph[v].bytes for v, last in last_read.items() if last >= i)
-        peak = max(peak, during[group] + pending)
+        if group in during:  # else a dead op (nothing reads it): no schedule runs it
+            peak = max(peak, during[group] + pending)
+        pending -= done_at.get(i, 0)
     return peak
 
 

@@ -19,6 +19,8 @@ import bisect
 import itertools
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
@@ -30,7 +32,7 @@ from solvers.segments import pinned_values, segment_schedule
 _GREEDY_THRESHOLDS = 48
 """Thresholds tried by chen-greedy, geometrically spaced between one stage and the whole net."""
 _SIMULATE_ALL = 160
-"""Up to this many candidates chen-greedy simulates them all (within its time limit)."""
+"""Up to this many candidates chen-greedy builds and simulates them all (within its time limit)."""
 _NEIGHBOURS = 12
 """Past that: candidates simulated on each side of the first fitting one in the ranking."""
 
@@ -113,26 +115,76 @@ def solve_chen(
     return heuristic_result("chen", budget_bytes, schedule, sim, start, detail)
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    """A chen-greedy candidate: ranked by ``key`` (recomputation, checkpoints); a uniform split
+    (``segments`` > 0) is built only when simulated, a greedy one (``checkpoints``) at once."""
+
+    key: tuple[float, int]
+    label: str
+    segments: int = 0
+    checkpoints: tuple[str, ...] = ()
+
+
+def _greedy_candidates(graph: RematGraph, lin: Linearization, weights: list[int]
+                       ) -> dict[tuple[str, ...], str]:
+    """Chen's greedy splits at `_GREEDY_THRESHOLDS` thresholds, geometrically spaced."""
+    sizes = [w for w in weights if w > 0]
+    found: dict[tuple[str, ...], str] = {}
+    if sizes:
+        low, high = min(sizes), sum(sizes)
+        for i in range(_GREEDY_THRESHOLDS):
+            threshold = low * (high / low) ** (i / (_GREEDY_THRESHOLDS - 1))
+            found.setdefault(greedy_checkpoints(graph, lin, threshold, weights),
+                             f"greedy threshold {threshold:.0f} bytes")
+    return found
+
+
+def _last_uniform_stages(lin: Linearization, weights: list[int]) -> Callable[[int], int]:
+    """k -> the stage of the last checkpoint of `uniform_checkpoints`' k segments (-1: none),
+    in O(log stages) without building the split: the articulation value nearest (k - 1) / k
+    of the bytes. Exact unless earlier choices crowd it (about as many segments as values)."""
+    cut_stages = [s.index for s in lin.stages if s.boundary]
+    prefix = list(itertools.accumulate(weights))
+    cut_prefix = [prefix[i] for i in cut_stages]
+    total = (prefix[-1] if prefix else 0) or 1
+
+    def last(k: int) -> int:
+        if k <= 1 or not cut_stages:
+            return -1
+        target = (k - 1) * total / k
+        at = bisect.bisect_left(cut_prefix, target)
+        near = [i for i in (at - 1, at) if 0 <= i < len(cut_stages)]
+        return cut_stages[min(near, key=lambda i: (abs(cut_prefix[i] - target), i))]
+
+    return last
+
+
+def _leanest_segments(graph: RematGraph, lin: Linearization, weights: list[int]) -> int:
+    """The segment count whose uniform split peaks lowest in the simple model: k - 1 checkpoints
+    of the mean articulation value's bytes plus one segment's total / k (k = sqrt(total / mean));
+    chen-greedy's first simulation on a long chain, the candidate most likely to fit."""
+    total = sum(weights)
+    mean = sum(graph[v].bytes for v in lin.articulation) / max(len(lin.articulation), 1)
+    k = round(math.sqrt(total / mean)) if total > 0 and mean > 0 else 1
+    return min(max(k, 1), len(lin.articulation) + 1)
+
+
 def solve_chen_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     """The cheapest Chen schedule (greedy thresholds and uniform splits) that fits the budget.
 
-    On a long chain the candidates (one per segment count, plus the thresholds) are too many to
-    simulate: ranked by their recomputation (every segment but the last runs twice, so a long
-    last segment is cheap and holds much), the first that fits is found by bisection, then its
-    neighbours are simulated while time is left."""
+    Candidates are ranked by their recomputation (every segment but the last runs twice, so a
+    long last segment is cheap and holds much). A short chain's are all simulated. A long
+    chain has one per segment count, too many to build (quadratic in its length) or simulate:
+    uniform splits are ranked by where their last checkpoint will fall and built only when
+    simulated. The leanest uniform split (`_leanest_segments`) is simulated first, then the
+    first candidate that fits is bisected for on its side and its neighbours simulated. Each
+    simulation walks the whole graph (seconds at 10,000 steps), so none starts that would end
+    past the time limit; the first always runs (an answer needs one)."""
     start = time.perf_counter()
+    deadline = start + options.time_limit_s
     lin = linearize(graph)
     all_weights = stage_weights(graph, lin)
-    weights = [w for w in all_weights if w > 0]
-    candidates: dict[tuple[str, ...], str] = {}
-    for k in range(1, len(lin.articulation) + 2):
-        candidates.setdefault(uniform_checkpoints(graph, lin, k, all_weights), f"{k} uniform segments")
-    if weights:
-        low, high = min(weights), sum(weights)
-        for i in range(_GREEDY_THRESHOLDS):
-            threshold = low * (high / low) ** (i / (_GREEDY_THRESHOLDS - 1))
-            candidates.setdefault(greedy_checkpoints(graph, lin, threshold, all_weights),
-                                  f"greedy threshold {threshold:.0f} bytes")
     stage_cost = [sum(graph[v].cost for v in s.values) for s in lin.stages]
     after = list(itertools.accumulate(reversed(stage_cost)))[::-1] + [0.0]  # cost of stages i..
     stage_of = lin.stage_of
@@ -142,52 +194,77 @@ def solve_chen_greedy(graph: RematGraph, budget_bytes: int, options: SolverOptio
         last = max((stage_of[c] for c in checkpoints), default=-1)
         return after[0] - after[last + 1]
 
-    ranked = sorted(candidates, key=lambda c: (recomputed(c), len(c)))
-    sims: dict[int, tuple[Schedule, SimulationResult]] = {}
-
-    def evaluate(i: int) -> SimulationResult:
-        if i not in sims:
-            schedule = chen_schedule(graph, lin, ranked[i])
-            sims[i] = (schedule, simulate(graph, schedule))
-        return sims[i][1]
-
-    def out_of_time() -> bool:
-        return time.perf_counter() - start > options.time_limit_s
-
-    if len(ranked) <= _SIMULATE_ALL:
-        for i in range(len(ranked)):
-            if out_of_time() and any(s.peak_bytes <= budget_bytes for _, s in sims.values()):
-                break
-            evaluate(i)
+    counts = range(1, len(lin.articulation) + 2)
+    greedy = _greedy_candidates(graph, lin, all_weights)
+    lazy = len(counts) + len(greedy) > _SIMULATE_ALL
+    ranked: list[_Candidate] = []
+    if lazy:
+        last_stage = _last_uniform_stages(lin, all_weights)
+        ranked += [_Candidate((after[0] - after[last_stage(k) + 1], k - 1), f"{k} uniform segments", k)
+                   for k in counts]
     else:
-        lo, hi = -1, len(ranked) - 1  # fit is about monotone along the ranking
-        while hi - lo > 1:
-            if out_of_time():  # a long chain's simulations are slow: the limit holds here
+        for k in counts:
+            greedy.setdefault(uniform_checkpoints(graph, lin, k, all_weights), f"{k} uniform segments")
+    ranked += [_Candidate((recomputed(c), len(c)), label, 0, c) for c, label in greedy.items()]
+    ranked.sort(key=lambda c: c.key)
+    sims: dict[tuple[str, ...], tuple[Schedule, SimulationResult]] = {}
+    chosen: dict[int, tuple[str, ...]] = {}
+    durations: list[float] = []
+
+    def checkpoints(i: int) -> tuple[str, ...]:
+        if i not in chosen:
+            c = ranked[i]
+            chosen[i] = c.checkpoints if not c.segments else uniform_checkpoints(
+                graph, lin, c.segments, all_weights)
+        return chosen[i]
+
+    def affordable() -> bool:
+        """Time for one more simulation (as long as the longest so far) before the deadline."""
+        return not durations or time.perf_counter() + max(durations) <= deadline
+
+    def evaluate(i: int) -> SimulationResult | None:
+        """Simulate candidate ``i`` (None: no time left for it)."""
+        key = checkpoints(i)
+        if key not in sims:
+            if not affordable():
+                return None
+            began = time.perf_counter()
+            schedule = chen_schedule(graph, lin, key)
+            sims[key] = (schedule, simulate(graph, schedule))
+            durations.append(time.perf_counter() - began)
+        return sims[key][1]
+
+    if not lazy:
+        for i in range(len(ranked)):
+            if evaluate(i) is None:
                 break
+    else:
+        leanest = _leanest_segments(graph, lin, all_weights)
+        seed = next(i for i, c in enumerate(ranked) if c.segments == leanest)
+        lo, hi = -1, len(ranked) - 1  # fit is about monotone along the ranking on each side
+        (lo, hi) = (lo, seed) if evaluate(seed).peak_bytes <= budget_bytes else (seed, hi)
+        while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if evaluate(mid).peak_bytes <= budget_bytes else (mid, hi)
-        if not out_of_time():
-            evaluate(hi)
-        for d in range(1, len(ranked)):  # the neighbours, nearest first
-            if out_of_time() or d > _NEIGHBOURS:
+            found = evaluate(mid)
+            if found is None:
+                break
+            lo, hi = (lo, mid) if found.peak_bytes <= budget_bytes else (mid, hi)
+        evaluate(hi)
+        for d in range(1, _NEIGHBOURS + 1):  # the neighbours, nearest first
+            if not affordable():
                 break
             for i in (hi - d, hi + d):
                 if 0 <= i < len(ranked):
                     evaluate(i)
-    best: tuple[float, int, int] | None = None
-    smallest: SimulationResult | None = None
-    for i, (_, sim) in sims.items():
-        if smallest is None or sim.peak_bytes < smallest.peak_bytes:
-            smallest = sim
-        if sim.peak_bytes <= budget_bytes:
-            key = (sim.total_cost, sim.peak_bytes, i)
-            if best is None or key < best:
-                best = key
-    if best is None:
-        peak = smallest.peak_bytes if smallest is not None else None
+    fitting = [(sim.total_cost, sim.peak_bytes, i) for i, key in chosen.items() if key in sims
+               for sim in (sims[key][1],) if sim.peak_bytes <= budget_bytes]
+    if not fitting:
+        peak = min((sim.peak_bytes for _, sim in sims.values()), default=None)
         return heuristic_result("chen-greedy", budget_bytes, None, None, start,
-                              f"chen-greedy peaks at {peak} bytes at best")
-    schedule, sim = sims[best[2]]
+                                f"chen-greedy peaks at {peak} bytes at best ({len(sims)} of "
+                                f"{len(ranked)} candidates simulated)")
+    best = min(fitting)
+    schedule, sim = sims[chosen[best[2]]]
     return heuristic_result("chen-greedy", budget_bytes, schedule, sim, start,
-                          f"{candidates[ranked[best[2]]]}, {len(sims)} of {len(candidates)} "
-                          "candidates simulated")
+                            f"{ranked[best[2]].label}, {len(sims)} of {len(ranked)} "
+                            "candidates simulated")

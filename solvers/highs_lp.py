@@ -8,6 +8,7 @@ collects rows as index/value lists and hands HiGHS one column-wise matrix.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,28 @@ class LinearProgram:
         self.row_lower.append(float(lower))
         self.row_upper.append(float(upper))
 
+    @property
+    def nonzeros(self) -> int:
+        """Coefficients of the constraint matrix."""
+        return sum(len(index) for index, _ in self.rows)
+
+    def _columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows as a column-wise matrix (starts, row indices, values), rows in order within
+        each column: one stable sort in numpy (a long chain's bound LP has 14 million
+        coefficients; a Python loop over them took 16 s)."""
+        n, total = len(self.cost), sum(len(index) for index, _ in self.rows)
+        lengths = np.fromiter((len(index) for index, _ in self.rows), dtype=np.int64,
+                              count=len(self.rows))
+        cols = np.fromiter(itertools.chain.from_iterable(index for index, _ in self.rows),
+                           dtype=np.int64, count=total)
+        values = np.fromiter(itertools.chain.from_iterable(value for _, value in self.rows),
+                             dtype=float, count=total)
+        order = np.argsort(cols, kind="stable")
+        rows = np.repeat(np.arange(len(self.rows), dtype=np.int32), lengths)[order]
+        starts = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.bincount(cols, minlength=n), out=starts[1:])
+        return starts, rows, values[order]
+
     def solve(self, time_limit_s: float = 60.0, threads: int = 1,
               primal_simplex: bool = False) -> LpSolution:
         """``primal_simplex``: HiGHS's primal simplex instead of its default dual simplex (about
@@ -79,19 +102,11 @@ class LinearProgram:
         lp.col_upper_ = np.asarray(self.upper)
         lp.row_lower_ = np.asarray(self.row_lower)
         lp.row_upper_ = np.asarray(self.row_upper)
-        columns: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        for r, (index, value) in enumerate(self.rows):
-            for i, v in zip(index, value):
-                columns[i].append((r, v))
-        starts, index, value = [0], [], []
-        for col in columns:
-            index.extend(r for r, _ in col)
-            value.extend(v for _, v in col)
-            starts.append(len(index))
+        starts, index, value = self._columns()
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
-        lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
-        lp.a_matrix_.value_ = np.asarray(value, dtype=float)
+        lp.a_matrix_.start_ = starts
+        lp.a_matrix_.index_ = index
+        lp.a_matrix_.value_ = value
         if any(self.integer):
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                                for i in self.integer]

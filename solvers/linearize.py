@@ -16,6 +16,7 @@ from functools import cached_property
 
 import networkx as nx
 
+from optimizer.ir.derived import per_graph
 from optimizer.ir.graph import NodeKind, Phase, RematGraph
 from solvers.baselines import kept_through_backward
 
@@ -102,7 +103,13 @@ def linearize(graph: RematGraph) -> Linearization:
 
     Stage k holds the forward values after articulation value k-1 up to and including
     articulation value k; values after the last one form a final stage with no boundary.
+    Built once per graph (`per_graph`): auto, hierarchical and each chain solver ask for it,
+    and finding the articulation values of a 10,000-step loop takes seconds.
     """
+    return per_graph(graph, _linearize)
+
+
+def _linearize(graph: RematGraph) -> Linearization:
     cuts = articulation_values(graph)
     cut_positions = [graph.position(c) for c in cuts]
     stages: list[list[str]] = [[] for _ in range(len(cuts) + 1)]

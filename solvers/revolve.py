@@ -350,9 +350,24 @@ def revolve_backward(
     out: list[str] = []
     actions = schedule.actions
 
-    def available(*extra: int) -> set[str]:
-        states = stored | held | {i for i in (current, *extra) if i is not None}
-        return always | {v[i] for i in states if i > 0}
+    index_of = {name: i for i, name in enumerate(v) if i > 0 and name}
+
+    class Available:
+        """What a recomputation may start from: ``always`` and the outputs of the states held
+        (stored, held for reuse, current, ``extra``). A membership test, not a set: building
+        one per advance was quadratic in the slots (seconds on a 10,000-step loop)."""
+
+        def __init__(self, *extra: int) -> None:
+            self.states = (current, *extra)
+
+        def __contains__(self, name: object) -> bool:
+            if name in always:
+                return True
+            i = index_of.get(name) if isinstance(name, str) else None
+            return i is not None and (i in stored or i in held or i in self.states)
+
+    def available(*extra: int) -> Available:
+        return Available(*extra)
 
     for position, act in enumerate(actions):
         if act.move is Move.ADVANCE:
@@ -413,9 +428,19 @@ class _Search:
         self.mappings = (False, True) if any(
             model.boundary[k] in model.tape[k] for k in range(1, model.n + 1)) else (False,)
         self.simulations = 0
+        self.durations: list[float] = []
+        """Seconds of each `peak` call (its schedules built and simulated)."""
+
+    def affordable(self, deadline: float) -> bool:
+        """The first `peak` before ``deadline``; another only if one as long as the longest so
+        far ends before it (each simulates whole schedules: seconds on a 10,000-step loop)."""
+        if not self.durations:
+            return time.perf_counter() < deadline
+        return time.perf_counter() + max(self.durations) <= deadline
 
     def peak(self, kept_top: int, slots: int) -> int:
         """Least simulated peak over the mappings (recording the cheapest fitting candidate)."""
+        began = time.perf_counter()
         abstract = revolve_schedule(self.steps - kept_top, slots)
         least: int | None = None
         for reuse in self.mappings:
@@ -431,6 +456,7 @@ class _Search:
                     < (self.best.sim.total_cost, self.best.sim.peak_bytes)):
                 self.best = _Candidate(slots, reuse, kept_top, schedule, sim)
         assert least is not None
+        self.durations.append(time.perf_counter() - began)
         return least
 
 
@@ -439,14 +465,14 @@ def _exhaustive(search: _Search, deadline: float) -> None:
     for kept_top in range(0, steps):
         least_peak: int | None = None
         for slots in range(1, steps - kept_top + 1):
+            if not search.affordable(deadline):
+                return
             peak = search.peak(kept_top, slots)
             least_peak = peak if least_peak is None else min(least_peak, peak)
             if revolve_cost(steps - kept_top, slots) == 2 * (steps - kept_top) - 1:
                 break  # every step once more at most: more slots cannot help
         # Keeping more of the top only holds more from the forward pass.
         if least_peak is not None and least_peak > search.budget:
-            break
-        if time.perf_counter() > deadline:
             break
 
 
@@ -474,7 +500,7 @@ def _slot_search(search: _Search, kept_top: int, deadline: float, guess: int) ->
     slots = min(max(guess, 1), useful)
     previous: int | None = None
     halve = False
-    while high - low > 1 and time.perf_counter() < deadline:
+    while high - low > 1 and search.affordable(deadline):
         peaks[slots] = search.peak(kept_top, slots)
         width = high - low
         low, high = (slots, high) if peaks[slots] <= search.budget else (low, slots)
@@ -496,7 +522,7 @@ def _slot_search(search: _Search, kept_top: int, deadline: float, guess: int) ->
         if halve:
             slots = (low + high) // 2 if high <= useful else min(2 * max(low, 1), high - 1)
     for extra in (high, high + 1):  # the peak is not strictly monotone: look a little further
-        if low and extra <= useful and extra not in peaks and time.perf_counter() < deadline:
+        if low and extra <= useful and extra not in peaks and search.affordable(deadline):
             if search.peak(kept_top, extra) <= search.budget:
                 low = extra
     return low or None
@@ -523,7 +549,7 @@ def _bisect(search: _Search, deadline: float) -> None:
         if slots is None:
             break  # the leanest reversal does not fit: keeping more of the top cannot either
         previous = (kept_top, slots)
-        if time.perf_counter() > deadline:
+        if not search.affordable(deadline):
             break
 
 

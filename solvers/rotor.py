@@ -300,7 +300,9 @@ WORK_PER_SECOND = 1.2e7
 11.5 s on the 2 shared cores at load 5, and slower at load 6-7): sizes the super-stages to
 the time limit."""
 DP_TIME_SHARE = 0.5
-"""Share of the time limit the DP's table may take (the rest: simulating its schedules)."""
+"""Share of the time left once the chain model is measured that the DP's table may take (the
+rest: simulating its schedules). The model itself takes seconds on a 10,000-step loop, so the
+DP is sized after it, not from the whole limit."""
 
 
 def dp_work(stages: int, levels: int) -> float:
@@ -322,8 +324,10 @@ def stages_per_unit(stages: int, levels: int, work: float) -> int:
 
 def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) -> SolveResult:
     """Rotor's DP over the chain of stages between the forward graph's articulation values;
-    on a chain too long for the DP within its work limit and ``options.time_limit_s``,
-    over super-stages of consecutive stages (`solvers.chain_model.coarsen`)."""
+    on a chain too long for the DP within its work limit and the time left,
+    over super-stages of consecutive stages (`solvers.chain_model.coarsen`). The DP's schedule
+    is simulated whatever the time; other memory levels only while one more simulation fits
+    before the limit (seconds each on a 10,000-step loop)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     store_all = store_all_schedule(graph)
@@ -333,24 +337,35 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
                            time.perf_counter() - start, "store-all fits the budget")
     lin = linearize(graph)
     top_bytes = int(budget_bytes * _HEADROOM)
-    work = min(WORK, WORK_PER_SECOND * DP_TIME_SHARE * options.time_limit_s)
+
+    def work_left(reserve: float = 0.0) -> float:
+        """Element operations the DP may take: its share of the time left now, less ``reserve``
+        seconds."""
+        left = deadline - time.perf_counter() - reserve
+        return min(WORK, WORK_PER_SECOND * DP_TIME_SHARE * max(left, 0.0))
+
     value_gcd = reduce(math.gcd, (n.bytes for n in graph.ops if n.bytes > 0), 0)
     guess = min(top_bytes // max(value_gcd, 1), MAX_LEVELS) + 1
-    size = stages_per_unit(len(lin.stages), guess, work)
+    size = stages_per_unit(len(lin.stages), guess, work_left())
 
     def measured(size: int) -> tuple[ChainModel, int, int]:
         model = chain_model(graph, size, lin)
         step = memory_step(model, top_bytes)
         return model, step, top_bytes // step + 1
 
+    began = time.perf_counter()
     model, step, levels = measured(size)
-    finer = stages_per_unit(len(lin.stages), levels, work)  # the guess may overstate levels
-    if finer < size:
-        again = measured(finer)
-        if fits_work_limit(again[0].n, again[2], work):
-            size, (model, step, levels) = finer, again
-    while not fits_work_limit(model.n, levels, work) and model.n > 2:
-        size = max(size + 1, stages_per_unit(len(lin.stages), levels, work))
+    took = time.perf_counter() - began
+    # Measuring takes seconds on a long loop. When the DP no longer fits the time it left, or
+    # the guess overstated the levels (a finer chain fits), measure once more, sized for the
+    # time left after that measurement: re-sizing after every measurement chases the deadline.
+    resized = stages_per_unit(len(lin.stages), levels, work_left(reserve=took))
+    if resized < size or (resized > size and not fits_work_limit(model.n, levels, work_left())):
+        again = measured(resized)
+        if resized > size or fits_work_limit(again[0].n, again[2], work_left()):
+            size, (model, step, levels) = resized, again
+    while not fits_work_limit(model.n, levels) and model.n > 2:  # more levels than guessed
+        size = max(size + 1, stages_per_unit(len(lin.stages), levels, WORK))
         model, step, levels = measured(size)
     if not fits_work_limit(model.n, levels):
         raise ValueError(f"rotor: {model.n} stages x {levels} memory levels is past its work "
@@ -361,14 +376,22 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
                            time.perf_counter() - start, "time limit reached while filling the DP")
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     tried: dict[int, tuple[Schedule, SimulationResult] | None] = {}
+    durations: list[float] = []
+
+    def affordable() -> bool:
+        """The first simulation always; another only if one as long as the longest so far
+        ends before the deadline."""
+        return not durations or time.perf_counter() + max(durations) <= deadline
 
     def attempt(level: int) -> tuple[Schedule, SimulationResult] | None:
         if level not in tried:
             if level < 0 or not np.isfinite(dp.spine[0, level]):
                 tried[level] = None
             else:
+                began = time.perf_counter()
                 schedule = Schedule.from_computes(graph, forward, dp.backward_order(graph, level))
                 tried[level] = (schedule, simulate(graph, schedule))
+                durations.append(time.perf_counter() - began)
         return tried[level]
 
     def fits(level: int) -> bool:
@@ -379,19 +402,25 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
     feasible = np.flatnonzero(np.isfinite(dp.spine[0]))
     if feasible.size and feasible[0] > level:
         level = int(feasible[0])
-    for _ in range(_RETRIES):
+    timed_out = False
+    for tries in range(_RETRIES + 1):  # lower the DP's budget while its schedule breaks ours
         found = attempt(level)
-        if found is None or found[1].peak_bytes <= budget_bytes:
+        if found is None or found[1].peak_bytes <= budget_bytes or tries == _RETRIES:
+            break
+        if not affordable():
+            timed_out = True
             break
         level -= max(math.ceil((found[1].peak_bytes - budget_bytes) / step), 1)
-    if not fits(level):
+    if not fits(level):  # level was attempted: no new simulation here
         detail = f"memory step {step} bytes; {model.n} stages of {size}; no DP schedule fits"
+        if timed_out:
+            detail += " within the time limit"
         return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
                            time.perf_counter() - start, detail)
     # Higher levels are worth simulating only up to the first one at the DP's least cost.
     costs = dp.spine[0, level:]
     low, high = level, level + int(np.argmax(costs <= costs.min())) + 1
-    while high - low > 1 and time.perf_counter() < deadline:
+    while high - low > 1 and affordable():
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     schedule, sim = attempt(low)  # type: ignore[misc]

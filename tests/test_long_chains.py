@@ -9,8 +9,11 @@ gradient across steps.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
+import random
 import re
+import time
 
 import pytest
 import torch
@@ -21,17 +24,27 @@ from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 import frontends.capture
 import solvers.auto
 import solvers.baselines
+import solvers.chain_model
 import solvers.chen
 import solvers.hierarchical
+import solvers.remat_bound
+import solvers.revolve
+import solvers.rotor
+from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.ir.schedule import Schedule, StepKind
 from optimizer.ir.simulator import simulate
+from optimizer.planning.batch_search import classic_floor
+from optimizer.planning.sweep import run_sweep
+from solvers import get_solver
 from solvers.auto import solve_auto
-from solvers.base import SolverOptions, SolveStatus
+from solvers.base import ScheduleTooLongError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.chain_dp import solve_chain_dp
 from solvers.chain_model import chain_model, coarsen
+from solvers.checkmate.contract import classic_schedules
 from solvers.chen import solve_chen_greedy, stage_weights, uniform_checkpoints
+from solvers.highs_lp import LinearProgram
 from solvers.linearize import linearize
 from solvers.remat_bound import base_cost_bound, lower_bound
 from solvers.revolve import (
@@ -44,7 +57,7 @@ from solvers.revolve import (
     revolve_schedule,
     solve_revolve,
 )
-from solvers.rotor import fits_work_limit, memory_step, solve_rotor
+from solvers.rotor import dp_work, fits_work_limit, memory_step, solve_rotor
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 
@@ -444,3 +457,284 @@ def test_capture_traces_with_the_hard_stack_limit_and_restores_it(monkeypatch) -
     frontends.capture.capture(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     assert seen == [(before[1], before[1])]
     assert resource.getrlimit(resource.RLIMIT_STACK) == before
+
+
+# ------------------------------------------- time shares on long chains (issue 25, 10,000 steps)
+def _slow_simulations(monkeypatch, module, seconds: float) -> list[tuple[float, float]]:
+    """Make every simulation ``module`` runs take ``seconds`` longer (a 10,000-step loop's take
+    seconds); returns the (start, end) of each, filled as they run."""
+    real = module.simulate
+    log: list[tuple[float, float]] = []
+
+    def slow(graph, schedule, *args):
+        began = time.perf_counter()
+        time.sleep(seconds)
+        result = real(graph, schedule, *args)
+        log.append((began, time.perf_counter()))
+        return result
+
+    monkeypatch.setattr(module, "simulate", slow)
+    return log
+
+
+def _tenth(graph: RematGraph) -> int:
+    """10% of store-all's peak (recompute-all is quadratic on a long chain: not used here)."""
+    return simulate(graph, store_all_schedule(graph)).peak_bytes // 10
+
+
+def test_chen_greedy_with_a_tiny_time_limit_still_returns_a_simulated_schedule(monkeypatch) -> None:
+    """A long chain has a candidate per segment count: building them all was quadratic in its
+    length (137 s of a 30 s share at 10,000 steps) and the limit then left no time to simulate
+    any. Now the candidates are ranked without being built, the leanest uniform split is
+    simulated first, whatever the limit, and nothing after it once the limit has passed."""
+    graph = residual_chain(300)
+    budget = _tenth(graph)
+    built: list[int] = []
+    real_uniform = solvers.chen.uniform_checkpoints
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return real_uniform(*args, **kwargs)
+
+    monkeypatch.setattr(solvers.chen, "uniform_checkpoints", counted)
+    log = _slow_simulations(monkeypatch, solvers.chen, 0.0)
+    answer = solve_chen_greedy(graph, budget, SolverOptions(time_limit_s=1e-3))
+    assert answer.status is SolveStatus.HEURISTIC and answer.schedule is not None
+    sim = simulate(graph, answer.schedule)
+    assert sim.peak_bytes <= budget and sim.total_cost == pytest.approx(answer.objective)
+    assert len(log) == 1 and "1 of" in answer.message
+    assert int(re.search(r"of (\d+) candidates", answer.message)[1]) > 300
+    assert len(built) <= 2  # the simulated split only, not one per segment count
+
+
+def test_chen_greedy_starts_no_simulation_that_would_end_past_its_limit(monkeypatch) -> None:
+    graph = residual_chain(300)
+    budget = _tenth(graph)
+    log = _slow_simulations(monkeypatch, solvers.chen, 0.25)
+    start = time.perf_counter()
+    answer = solve_chen_greedy(graph, budget, SolverOptions(time_limit_s=1.0))
+    assert answer.schedule is not None and simulate(graph, answer.schedule).peak_bytes <= budget
+    assert len(log) >= 2  # it used its time
+    assert all(end <= start + 1.0 + 0.1 for _, end in log[1:])
+
+
+def test_chen_greedy_on_a_long_chain_is_never_worse_than_its_first_candidate() -> None:
+    """The bisection starts from the leanest uniform split and keeps the cheapest that fits."""
+    graph = residual_chain(300)
+    budget = _tenth(graph)
+    lin = linearize(graph)
+    weights = stage_weights(graph, lin)
+    first = solvers.chen.chen_schedule(
+        graph, lin, uniform_checkpoints(graph, lin, solvers.chen._leanest_segments(graph, lin, weights),
+                                        weights))
+    first_sim = simulate(graph, first)
+    answer = solve_chen_greedy(graph, budget, SolverOptions(time_limit_s=60))
+    assert first_sim.peak_bytes <= budget  # the leanest split fits at 10%
+    assert answer.objective <= first_sim.total_cost + 1e-12
+    assert int(re.search(r"(\d+) of", answer.message)[1]) > 3  # it searched past the first
+
+
+def test_rotor_sizes_its_dp_for_the_time_the_chain_model_leaves(monkeypatch) -> None:
+    """Measuring the chain model takes seconds on a 10,000-step loop: the DP used to be sized
+    for the whole limit, then ran out of it (nothing found in 18 s). It is sized for what the
+    model leaves."""
+    graph = residual_chain(300)
+    budget = _tenth(graph)
+    real_model = solvers.rotor.chain_model
+    slow = 1.5
+
+    def slow_model(*args, **kwargs):
+        time.sleep(slow)
+        return real_model(*args, **kwargs)
+
+    monkeypatch.setattr(solvers.rotor, "chain_model", slow_model)
+    limit = 4.0
+    answer = solve_rotor(graph, budget, SolverOptions(time_limit_s=limit))
+    found = re.search(r"memory step (\d+) bytes; (\d+) stages", answer.message)
+    assert found, answer.message
+    step, stages = int(found[1]), int(found[2])
+    levels = int(budget * solvers.rotor._HEADROOM) // step + 1
+    assert dp_work(stages, levels) <= (solvers.rotor.WORK_PER_SECOND * solvers.rotor.DP_TIME_SHARE
+                                       * (limit - slow))
+    if answer.schedule is not None:
+        assert simulate(graph, answer.schedule).peak_bytes <= budget
+
+
+def test_rotor_and_revolve_start_no_simulation_that_would_end_past_their_limit(monkeypatch) -> None:
+    graph = residual_chain(300)
+    budget = _tenth(graph)
+    for module, solve in ((solvers.rotor, solve_rotor), (solvers.revolve, solve_revolve)):
+        log = _slow_simulations(monkeypatch, module, 0.4)
+        start = time.perf_counter()
+        limit = 2.5
+        answer = solve(graph, budget, SolverOptions(time_limit_s=limit))
+        assert log, module.__name__
+        assert all(end <= start + limit + 0.15 for _, end in log[1:]), module.__name__
+        if answer.schedule is not None:
+            assert simulate(graph, answer.schedule).peak_bytes <= budget
+
+
+def test_the_bound_lp_stops_building_at_its_deadline() -> None:
+    """At 10,000 steps the LP's build alone (14 million coefficients) outlasts a minute: past
+    its deadline it stops with the base cost, a valid bound, instead of overrunning."""
+    graph, budget = _uneven_chain_at(0.05)
+    started = time.perf_counter()
+    late = lower_bound(graph, budget, time_limit_s=20, deadline=started)
+    assert late.message.startswith("base cost only: no time left to build the LP")
+    assert late.bound == late.base_cost and not late.proven_infeasible
+    assert time.perf_counter() - started < 5
+    full = lower_bound(graph, budget, time_limit_s=20)
+    assert full.bound > late.bound and full.base_cost == late.base_cost
+    assert lower_bound(graph, budget, time_limit_s=20, deadline=math.inf).bound == full.bound
+
+
+def test_the_bound_lp_is_not_started_when_it_cannot_be_set_up_in_time(monkeypatch) -> None:
+    """HiGHS honours its time limit only once the model is set up and presolved: 35 s for a
+    10,000-step loop's 13 million coefficients, given 1.2 s. An LP the time left cannot set up
+    is not started."""
+    graph, budget = _uneven_chain_at(0.05)
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("the LP was solved")
+
+    monkeypatch.setattr(LinearProgram, "solve", no_solve)
+    monkeypatch.setattr(solvers.remat_bound, "LP_SETUP_RATE", 10.0)  # 10 coefficients a second
+    skipped = lower_bound(graph, budget, time_limit_s=20, deadline=time.perf_counter() + 20)
+    assert "too little to set up the LP's" in skipped.message
+    assert skipped.bound == skipped.base_cost
+
+
+def test_hierarchical_gives_the_bound_lp_a_deadline_on_a_long_chain(monkeypatch) -> None:
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
+    seen: list[float] = []
+    real = solvers.hierarchical.lower_bound
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deadline"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(solvers.hierarchical, "lower_bound", spy)
+    graph = residual_chain(30)
+    low, high = _peaks(graph)
+    start = time.perf_counter()
+    answer = solve_auto(graph, low + (high - low) // 10, SolverOptions(time_limit_s=30))
+    assert answer.schedule is not None and len(seen) == 1
+    assert start < seen[0] <= start + 30
+
+
+def test_auto_on_a_long_chain_keeps_to_its_time_limit_with_slow_simulations(monkeypatch) -> None:
+    """Every phase auto runs on a long chain keeps to its share, simulations included (seconds
+    each at 10,000 steps: chen-greedy alone took 137 s of a 60 s plan there)."""
+    graph = residual_chain(300)  # 300 stages: a long chain
+    budget = _tenth(graph)
+    for module in (solvers.chen, solvers.rotor, solvers.revolve, solvers.hierarchical):
+        _slow_simulations(monkeypatch, module, 0.3)
+    limit = 8.0
+    start = time.perf_counter()
+    answer = solve_auto(graph, budget, SolverOptions(time_limit_s=limit))
+    elapsed = time.perf_counter() - start
+    assert answer.schedule is not None and simulate(graph, answer.schedule).peak_bytes <= budget
+    assert "best: rotor" in answer.message
+    assert elapsed <= 1.2 * limit + 1.0, elapsed
+
+
+# --------------------------------------------------------- recompute-all past its cap, by name
+def test_recompute_all_by_name_refuses_a_chain_past_its_cap(monkeypatch) -> None:
+    """By name it used to build its schedule whatever its length (400 million recomputations
+    at 10,000 steps: practically forever); now it refuses, naming the estimate and a solver
+    that scales. The classic schedules (the what-if classic floor) skip it."""
+    monkeypatch.setattr(solvers.baselines, "RECOMPUTE_ALL_MAX_STEPS", 10)
+
+    def no_recompute_all(graph):
+        raise AssertionError("recompute-all was built past its cap")
+
+    monkeypatch.setattr(solvers.baselines, "recompute_all_schedule", no_recompute_all)
+    graph = residual_chain(30)
+    estimate = solvers.baselines.recompute_all_steps_estimate(graph)
+    with pytest.raises(ScheduleTooLongError) as refused:
+        get_solver("recompute-all")(graph, 10**9, SolverOptions())
+    assert f"up to {estimate:,} ops" in str(refused.value)
+    assert "'rotor'" in str(refused.value) and "'auto'" in str(refused.value)
+    assert [c.name for c in classic_schedules(graph)] == ["store-all"]
+    store = simulate(graph, store_all_schedule(graph)).peak_bytes
+    assert classic_floor(lambda batch: graph, store, AllocatorModel(block_bytes=1), limit=4) == 4
+    sweep = run_sweep(graph, [store], strategies=("recompute-all",))
+    [point] = sweep.points_of("recompute-all")
+    assert point.status == "not-applicable" and "past its cap" in point.message
+
+
+def test_recompute_all_by_name_still_runs_within_its_cap() -> None:
+    graph = residual_chain(12)
+    answer = get_solver("recompute-all")(graph, 10**9, SolverOptions())
+    assert answer.schedule is not None
+    assert answer.objective == simulate(graph, recompute_all_schedule(graph)).total_cost
+
+
+# ----------------------------------------------------- linear-time pieces, against the originals
+def _walk_reference(graph: RematGraph, order: list[str], targets: set[str], pinned: set[str]):
+    """The quadratic original of `solvers.chain_model._walk` (every live value checked after
+    each run; the live bytes summed each time)."""
+    reads: dict[str, int] = {}
+    runs = []
+    i = 0
+    while i < len(order):
+        members = graph.group_of(order[i])
+        runs.append(members)
+        for inp in dict.fromkeys(graph[members[0]].inputs):
+            reads[inp] = reads.get(inp, 0) + 1
+        i += len(members)
+    live: dict[str, int] = {}
+    peak = cost = 0.0
+    for members in runs:
+        first = graph[members[0]]
+        alloc = sum(graph[m].bytes for m in members if m not in pinned)
+        peak = max(peak, sum(live.values()) + alloc + first.temp_bytes)
+        cost += first.cost
+        for m in members:
+            if m not in pinned:
+                live[m] = graph[m].bytes
+        for inp in dict.fromkeys(first.inputs):
+            reads[inp] -= 1
+        for name in list(live):
+            if reads.get(name, 0) == 0 and name not in targets:
+                del live[name]
+    return float(cost), int(peak)
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_chain_model_walks_match_the_quadratic_originals(size: int) -> None:
+    graph = residual_chain(24, widths=[1 + (i % 3) for i in range(24)], random_every=5)
+    model = chain_model(graph, size)
+    pinned = solvers.chain_model.pinned_values(graph)
+    checked = 0
+    for recompute in (*model.advance, *model.advance_tape, *model.retape):
+        if recompute.order:
+            targets = set(recompute.order) & {v for k in range(model.n + 1)
+                                              for v in (model.boundary[k], *model.tape[k])}
+            reference = _walk_reference(graph, list(recompute.order), targets, pinned)
+            walked = solvers.chain_model._walk(graph, list(recompute.order), targets, pinned)
+            assert (walked.cost, walked.peak) == reference
+            checked += 1
+    assert checked > model.n
+
+
+def test_the_lp_matrix_is_built_column_wise_as_before() -> None:
+    """`LinearProgram._columns` (numpy) against the Python loop it replaced."""
+    rng = random.Random(0)
+    for _ in range(20):
+        lp = LinearProgram()
+        n = rng.randint(1, 30)
+        for _ in range(n):
+            lp.add_var(rng.random())
+        for _ in range(rng.randint(0, 40)):
+            lp.add_row({c: rng.uniform(-3, 3) for c in rng.sample(range(n), rng.randint(0, min(n, 6)))},
+                       lower=-1.0)
+        columns: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        for r, (index, value) in enumerate(lp.rows):
+            for i, v in zip(index, value):
+                columns[i].append((r, v))
+        starts, rows, values = lp._columns()
+        assert list(starts) == [0, *itertools.accumulate(len(c) for c in columns)]
+        assert list(rows) == [r for c in columns for r, _ in c]
+        assert list(values) == [v for c in columns for _, v in c]

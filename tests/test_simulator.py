@@ -164,3 +164,22 @@ def test_a_replayable_random_op_draws_first_in_forward_in_order():
                     op("d1", F, 1, ["x"], random=True, rng_state="s1")), ("d1",), ("d1",), ())
     dropped = Schedule.from_computes(g, ["s1", "d1", "s2", "d2", "loss"], ["g2", "g1"])
     assert dropped.computes("forward").count("d1") == 1  # the drawing run is never dropped
+
+
+def test_a_schedule_simulated_again_on_its_graph_returns_its_result():
+    """Solvers, hierarchical and the planner check the same schedules (seconds each on a
+    10,000-step loop): the result is kept per (graph, schedule) object, and equals a fresh walk."""
+    g = random_graph(3)
+    schedule = recompute_all_schedule(g)
+    first = simulate(g, schedule)
+    assert simulate(g, schedule) is first
+    again = Schedule(schedule.forward, schedule.backward)  # equal, another object: walked again
+    fresh = simulate(g, again)
+    assert fresh is not first and fresh == first
+    seen: list[int] = []
+    observed = simulate(g, schedule, lambda index, live_bytes, live, width: seen.append(live_bytes))
+    assert observed == first and max(seen) == first.peak_bytes  # an observer always walks
+    bad = Schedule(schedule.forward[1:], schedule.backward)
+    for _ in range(2):  # errors are not kept: each call raises
+        with pytest.raises(InvalidScheduleError):
+            simulate(g, bad)

@@ -14,6 +14,7 @@ Every solver's schedule is simulated before it is used or reported.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +100,43 @@ class _SimulatorTables:
         """Values a free step may drop (not resident, not held by the caller): only liveness to check."""
 
 
+class _Simulated:
+    """Per-graph results of `simulate`, by schedule identity (see `per_graph`): a graph and a
+    schedule are frozen, so a schedule's result never changes. Solvers, ``hierarchical`` and the
+    planner each check the same schedules (store-all several times per plan): on a 10,000-step
+    loop every walk takes seconds. Entries leave with their schedule."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.results: dict[int, tuple[weakref.ref, SimulationResult]] = {}
+
+    def get(self, schedule: Schedule) -> SimulationResult | None:
+        entry = self.results.get(id(schedule))
+        return entry[1] if entry is not None and entry[0]() is schedule else None
+
+    def put(self, schedule: Schedule, result: SimulationResult) -> None:
+        key = id(schedule)
+
+        def forget(ref: weakref.ref, key: int = key, results=self.results) -> None:
+            if results.get(key, (None,))[0] is ref:
+                del results[key]
+
+        self.results[key] = (weakref.ref(schedule, forget), result)
+
+
 def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None = None) -> SimulationResult:
+    """Walk the schedule (`_walk`, see there); without ``observe`` a schedule already simulated
+    on this graph returns its result again (`_Simulated`)."""
+    if observe is not None:
+        return _walk(graph, schedule, observe)
+    memo = per_graph(graph, _Simulated)
+    found = memo.get(schedule)
+    if found is None:
+        found = _walk(graph, schedule, None)
+        memo.put(schedule, found)
+    return found
+
+
+def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -> SimulationResult:
     """Walk the schedule; raise InvalidScheduleError on the first rule it breaks.
 
     ``observe`` sees the live bytes and values at every step (`optimizer.ir.timeline` draws the

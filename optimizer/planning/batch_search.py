@@ -331,7 +331,9 @@ def lower_bound_ceiling(graph_at: Callable[[int], RematGraph], budget_bytes: int
 def classic_floor(graph_at: Callable[[int], RematGraph], budget_bytes: int, allocator: AllocatorModel,
                   limit: int = DEFAULT_LIMIT, start: int = 1, high: int | None = None) -> int:
     """The largest batch at which store-all or recompute-all fits (0: not even 1): a searching
-    solver fits there too, and its answer is usually right above (two simulations per probe)."""
+    solver fits there too, and its answer is usually right above (two simulations per probe).
+    Note: on a long chain recompute-all is past its cap and skipped (`classic_schedules`), so
+    the floor is store-all's there: lower, still a batch a searching solver fits."""
     room = allocator.solver_budget(budget_bytes)
 
     def fits(batch: int) -> bool:

@@ -32,7 +32,7 @@ from optimizer.ir.simulator import simulate
 from optimizer.planning.parallel import map_forked
 from optimizer.planning.planner import store_all_peak_bytes
 from solvers import get_solver
-from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError
+from solvers.base import InfeasibleBudgetError, ScheduleTooLongError, SolverOptions, SolverUnavailableError
 
 REMAT_OPT = "remat-opt"
 FIXED_STRATEGIES = ("store-all", "recompute-all", "blocks", "chen")
@@ -279,6 +279,8 @@ def plan_point(graph: RematGraph, strategy: str, solver: str, budget: int | None
                      f"no schedule fits; the smallest feasible budget found is {smallest} B")
     except SolverUnavailableError as err:
         return point(Status.FAILED, str(err))
+    except ScheduleTooLongError as err:  # recompute-all on a long chain: not built
+        return point(Status.NOT_APPLICABLE, str(err))
     except ValueError as err:  # a chain or block schedule on a graph without that structure
         if strategy not in STRUCTURAL_STRATEGIES:
             raise
