@@ -32,6 +32,7 @@ class _StaircasePlan:
     extra_flops: float
     store_all_peak_bytes: int
     solver: str = "staircase"
+    schedule: object = None
 
 
 def _staircase(layers: int, layer: int, fixed: int, fused_share: float):
@@ -222,3 +223,26 @@ def test_a_cheaper_seed_that_compiles_within_the_budget_is_kept_and_costlier_one
     assert fit.compiled_peak_bytes <= 30_000
     sources = [it.source for it in fit.iterations]
     assert "too big" in sources and "costlier" not in sources  # 17.5 > 10: never probed
+
+
+def test_plans_recomputing_the_same_ops_in_another_order_are_probed_apart():
+    """The probe is reused only for the same schedule: a seed that saves and recomputes what a
+    solver plan does, in another order, compiles to another peak (276 KB apart on ViT, where
+    reusing the probe kept a plan 276 KB over the budget)."""
+    from optimizer.ir.schedule import Schedule, compute
+
+    def plan(order: tuple[str, ...], peak: int, solver: str):
+        schedule = Schedule(forward=(compute("a"),), backward=tuple(compute(n) for n in order))
+        return dataclasses.replace(_StaircasePlan(("a",), (("b", 1), ("c", 1)), peak, 1.0, 1.0, 10_000),
+                                   solver=solver, schedule=schedule)
+
+    first, second = plan(("b", "c"), 5_000, "solver"), plan(("c", "b"), 5_000, "seed")
+    compiled = {first.schedule: 9_000, second.schedule: 7_000}
+    probed = []
+
+    def probe(p):
+        probed.append(p.solver)
+        return compiled[p.schedule]
+
+    kept, fit = fit_plan(8_000, lambda budget: first, probe, iterations=1, seeds=lambda: [second])
+    assert probed == ["solver", "seed"] and kept.solver == "seed" and fit.compiled_peak_bytes == 7_000
