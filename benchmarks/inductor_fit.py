@@ -93,6 +93,20 @@ class InductorFlops:
             self.result, self.total = self.total, None
 
 
+def measure_compiled_step(compiled_model: torch.nn.Module, inputs: tuple, step, flops: InductorFlops
+                          ) -> tuple[dict[str, torch.Tensor], int]:
+    """After the first (compiling) step: its gradients and, from further steps, the measured peak
+    (allocator + resident parameters and inputs); ``flops.result`` then holds one step's FLOPs."""
+    grads = {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in compiled_model.named_parameters()}
+    step()
+    for p in compiled_model.parameters():
+        p.grad = None
+    peak = profiled_peak(step) + resident_bytes(compiled_model, inputs)
+    with flops.counting():
+        step()
+    return grads, peak
+
+
 def measure(name: str, label: str, budget: str, fit: str | None, args: argparse.Namespace) -> Run:
     torch._dynamo.reset()
     model, inputs = load_example(name, **MODELS[name])
@@ -113,13 +127,7 @@ def measure(name: str, label: str, budget: str, fit: str | None, args: argparse.
     start = time.perf_counter()
     step()
     first_step_s = time.perf_counter() - start
-    grads = {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in compiled_model.named_parameters()}
-    step()
-    for p in compiled_model.parameters():
-        p.grad = None
-    measured = profiled_peak(step) + resident_bytes(compiled_model, inputs)
-    with flops.counting():
-        step()
+    grads, measured = measure_compiled_step(compiled_model, inputs, step, flops)
     (planned,) = backend.plans
     fit_record = planned.fit
     return Run(model=name, label=label, budget_bytes=planned.graph_budget_bytes,

@@ -36,14 +36,13 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # e2e_helpers: the examples as 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # this benchmark's sibling modules
 
 import torch  # noqa: E402
-from e2e_helpers import clone, load_example, loss_of, max_relative_error, resident_bytes, train_step  # noqa: E402
-from inductor_fit import InductorFlops  # noqa: E402
+from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step  # noqa: E402
+from inductor_fit import InductorFlops, measure_compiled_step  # noqa: E402
 from torch._functorch import config as functorch_config  # noqa: E402
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from frontends.compile_backend import inductor_available, remat_backend  # noqa: E402
-from frontends.compiled_memory import profiled_peak  # noqa: E402
 
 MODELS = ("gpt", "gpt2", "vit")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1)
@@ -102,13 +101,7 @@ def _run(model: torch.nn.Module, inputs: tuple, backend, flops: InductorFlops, r
         with functorch_config.patch(activation_memory_budget=fraction):
             step()
     first_step_s = time.perf_counter() - start
-    grads = {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in compiled_model.named_parameters()}
-    step()
-    for p in compiled_model.parameters():
-        p.grad = None
-    peak = profiled_peak(step) + resident_bytes(compiled_model, inputs)
-    with flops.counting():
-        step()
+    grads, peak = measure_compiled_step(compiled_model, inputs, step, flops)
     return peak, flops.result, first_step_s, max_relative_error(grads, ref_grads)
 
 
