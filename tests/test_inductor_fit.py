@@ -125,7 +125,7 @@ def fresh_dynamo():
 def test_fitted_mlp_compiles_to_within_five_percent_under_its_budget(fresh_dynamo):
     model, inputs = load_example("mlp")
     _, ref_grads = train_step(clone(model), inputs)
-    backend = remat_backend("70%", compiler="inductor", solver="greedy", fit="inductor", fit_iterations=4)
+    backend = remat_backend("60%", compiler="inductor", solver="greedy", fit="inductor", fit_iterations=4)
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
 
@@ -140,7 +140,7 @@ def test_fitted_mlp_compiles_to_within_five_percent_under_its_budget(fresh_dynam
     (planned,) = backend.plans
     fit = planned.fit
     budget = planned.graph_budget_bytes
-    assert budget == int(0.7 * planned.plan.store_all_peak_bytes)
+    assert budget == int(0.6 * planned.plan.store_all_peak_bytes)
     unfitted = fit.iterations[0]
     assert unfitted.planning_budget_bytes == budget and len(fit.iterations) >= 2
     # The probe (a trial compile stopped at the buffer plan) predicts the real compile exactly.
