@@ -203,6 +203,8 @@ def _probe_cheaper_seeds(budget_bytes: int, seeds: Callable[[], Iterable[Plan]],
     fit: the first seed that fits is the cheapest that can, so the probing stops there."""
     best = min((t.extra_time_s for _, t in tried
                 if t.compiled_peak_bytes is not None and t.compiled_peak_bytes <= budget_bytes), default=math.inf)
+    if best == 0:  # a plan that recomputes nothing fits: no seed can be cheaper, none is made
+        return
     start = time.perf_counter()
     ranked = sorted(seeds(), key=lambda plan: plan.extra_time_s)
     made = (time.perf_counter() - start) / max(1, len(ranked))  # each seed's share of making them
