@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import _disable_current_modes
 
 from frontends.compiled_memory import profile_allocations
+from frontends.memory_tracker import _tensor_storages
 
 __all__ = ["KernelPeak", "kernel_peak_bytes"]
 
@@ -72,9 +73,8 @@ def _real_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
 
 
 def _outputs_bytes(result: Any) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}
-    return sum(storages.values())
+    """Bytes of the distinct storages behind the op's outputs (an output and its view count once)."""
+    return sum({s.data_ptr(): s.nbytes() for s in _tensor_storages(result)}.values())
 
 
 def _held_at_height(run: Callable[[], Any], device: torch.device) -> tuple[int, int]:
