@@ -50,6 +50,28 @@ def _within(measured: int, predicted: int) -> bool:
     return abs(measured - predicted) <= max(0.02 * predicted, 4096)
 
 
+def _allocator_peak(compiled_model: nn.Module, compiled, inputs: tuple) -> int:
+    """One compiled step's peak as the CPU allocator sees it, plus the resident parameters and
+    inputs (gradients cleared first, so the step allocates them again)."""
+    for p in compiled_model.parameters():
+        p.grad = None
+    return profiled_peak(lambda: _step(compiled, inputs)) + resident_bytes(compiled_model, inputs)
+
+
+def _inductor_step(model: nn.Module, inputs: tuple, budget: str):
+    """Compile ``model`` with Inductor through `remat_backend` at ``budget`` (greedy), run one
+    step with gradients checked against eager (float64, 1e-10); the backend, the compiled
+    module, its callable and the one graph's plan."""
+    _, ref_grads = train_step(clone(model), inputs)
+    backend = remat_backend(budget, compiler="inductor", solver="greedy")
+    compiled_model = clone(model)
+    compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
+    _step(compiled, inputs)
+    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    (planned,) = backend.plans
+    return backend, compiled_model, compiled, planned
+
+
 def test_compiled_gpt_matches_eager_and_its_planned_peak():
     model, inputs = load_example("gpt", dropout=0.0)
     ref_out, ref_grads = train_step(clone(model), inputs)
@@ -72,9 +94,7 @@ def test_compiled_gpt_matches_eager_and_its_planned_peak():
     assert measured.resident_bytes == resident_bytes(compiled_model, inputs)
     assert _within(measured.peak_bytes, plan.predicted_peak_bytes), (measured.peak_bytes, plan)
     _step(compiled, inputs)  # grads exist now; the profiled step allocates them again
-    for p in compiled_model.parameters():
-        p.grad = None
-    by_allocator = profiled_peak(lambda: _step(compiled, inputs)) + resident_bytes(compiled_model, inputs)
+    by_allocator = _allocator_peak(compiled_model, compiled, inputs)
     assert _within(by_allocator, plan.predicted_peak_bytes), (by_allocator, plan.predicted_peak_bytes)
     assert by_allocator < plan.store_all_peak_bytes
 
@@ -189,20 +209,12 @@ def test_inductor_compiles_the_plan_and_predicts_the_compiled_peak():
     """The plan (unfused aten ops) bounds the compiled step from above; the prediction read
     from Inductor's buffer plan (fusion, buffer reuse) is the compiled step's peak."""
     model, x = _Tiny().double(), torch.randn(512, 16, dtype=torch.float64)
-    _, ref_grads = train_step(clone(model), (x,))
-    backend = remat_backend("80%", compiler="inductor", solver="greedy")
-    compiled_model = clone(model)
-    compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, (x,))
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
-    (planned,) = backend.plans
+    backend, compiled_model, compiled, planned = _inductor_step(model, (x,), "80%")
     assert planned.plan.recomputed  # Inductor ran our partition, not its min-cut
     assert planned.compiled_peak is not None
     predicted = planned.predicted_peak_bytes
     assert backend.summary().predicted_step_peak_bytes == predicted
-    for p in compiled_model.parameters():
-        p.grad = None
-    measured = profiled_peak(lambda: _step(compiled, (x,))) + resident_bytes(compiled_model, (x,))
+    measured = _allocator_peak(compiled_model, compiled, (x,))
     assert abs(measured - predicted) <= 0.02 * predicted, (measured, predicted)
     # Fusion and reuse make the compiled step much smaller than the unfused plan says (85% here
     # since the backend CSEs the joint graph as torch's partitioners do; 79% before).
@@ -259,15 +271,7 @@ def test_inductor_prediction_counts_the_workspace_of_extern_kernels():
     call (outputs and workspace) is the peak the CPU allocator sees, to the loss's seed gradient
     (without the kernels' workspace the ViT example was 299,784 B low: over its budget)."""
     model, images = _Attention().double(), torch.randn(8, 3, 32, 32, dtype=torch.float64)
-    _, ref_grads = train_step(clone(model), (images,))
-    backend = remat_backend("100%", compiler="inductor", solver="greedy")
-    compiled_model = clone(model)
-    compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, (images,))
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
-    (planned,) = backend.plans
+    _, compiled_model, compiled, planned = _inductor_step(model, (images,), "100%")
     assert planned.compiled_peak is not None and not planned.compiled_peak.unmeasured_kernels
-    for p in compiled_model.parameters():
-        p.grad = None
-    measured = profiled_peak(lambda: _step(compiled, (images,))) + resident_bytes(compiled_model, (images,))
+    measured = _allocator_peak(compiled_model, compiled, (images,))
     assert 0 <= measured - planned.predicted_peak_bytes <= 64, (measured, planned.compiled_peak)
