@@ -27,6 +27,7 @@ in dynamo's ``BackendCompilerFailed`` (`frontends.compile_errors`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import os
@@ -83,7 +84,9 @@ MIN_CUT_SEEDS = DEFAULT_FRACTIONS
 """``activation_memory_budget`` values (0 to 1 by 0.1) whose min-cut partitions seed
 ``fit="inductor"``: torch's partitioner prices fusible pointwise recomputation as free, which
 the unfused solver cannot see; a seed is probed only when it costs less than the cheapest plan
-known to compile within the budget."""
+known to compile within the budget. A seed that is torch's partition unchanged compiles as torch's
+own graphs, not as remat-opt's rewrite of its schedule: torch may save a view (ViT's ``x[:, 0]``)
+where the rewrite saves its base, and Inductor compiles that 240 B lower."""
 
 
 class GraphBreakError(RuntimeError):
@@ -318,7 +321,13 @@ class RematBackend:
             return plan_graph(graph, planning_budget, self.solver, self.options,
                               graph_nodes=len(joint_module.graph.nodes), allocator=self.allocator)
 
+        torch_graphs: list[tuple[Plan, tuple]] = []  # seeds that are torch's partitions unchanged
+
         def split(plan: Plan):
+            for seed, graphs in torch_graphs:  # compile torch's own graphs (copies: Inductor mutates them)
+                if seed is plan:
+                    with torch._subclasses.fake_tensor.unset_fake_temporarily():  # as AOTAutograd copies
+                        return tuple(copy.deepcopy(g) for g in graphs)
             return partition_by_schedule(captured, plan.schedule)(
                 joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
 
@@ -330,11 +339,14 @@ class RematBackend:
 
             def min_cut_seeds():
                 for fraction in MIN_CUT_SEEDS:
-                    partition = partition_schedule(captured, fraction, static_lifetime_input_indices)
+                    partition = partition_schedule(captured, fraction, static_lifetime_input_indices, keep_graphs=True)
                     if partition.schedule is not None:
-                        yield plan_from_schedule(graph, partition.schedule, target, allocator=self.allocator,
-                                                 solver=f"{TORCH_MIN_CUT} {partition.label}", status="seed",
-                                                 graph_nodes=len(joint_module.graph.nodes))
+                        seed = plan_from_schedule(graph, partition.schedule, target, allocator=self.allocator,
+                                                  solver=f"{TORCH_MIN_CUT} {partition.label}", status="seed",
+                                                  graph_nodes=len(joint_module.graph.nodes))
+                        if partition.graphs is not None:
+                            torch_graphs.append((seed, partition.graphs))
+                        yield seed
 
             plan, fit = fit_plan(target, plan_at, lambda p: self._probe(split(p), graph, num_fwd_outputs,
                                                                         static_lifetime_input_indices),

@@ -27,7 +27,8 @@ Of the plans tried, the cheapest (recomputation under the cost model) whose comp
 ``B`` is kept, so the fit never costs more than the unfitted plan and never exceeds ``B`` as
 Inductor's plan counts it; when none does, `InfeasibleBudgetError` names the smallest compiled
 peak seen (Inductor can compile a plan above its unfused peak: layout copies, kernel workspace).
-Plans whose schedule repeats one already probed are not probed again.
+Plans whose schedule repeats one already probed are not probed again (a seed's apart from a
+solver plan's: the backend may compile a seed as torch's own graphs).
 Pure search logic: planning and probing are the caller's callables.
 """
 
@@ -115,7 +116,7 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
 
     def probe(plan: Plan, planning_budget: int, plan_seconds: float, source: str) -> FitIteration:
         start = time.perf_counter()
-        key = _schedule_key(plan)
+        key = (source == "solver", _schedule_key(plan))  # a seed may compile its own graphs
         fresh = key not in probed
         if fresh:
             probed[key] = compiled_peak_of(plan)

@@ -64,6 +64,9 @@ class WrapperMemoryPlan:
     """For each graph output, the buffer or input name holding it (None: not a tensor)."""
     unmeasured_kernels: tuple[str, ...] = ()
     """Extern kernels whose transient bytes could not be measured (counted as none)."""
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    """For each graph output, the strides Inductor gave it (None: not a tensor, or symbolic).
+    Layout optimisation (channels-last convolutions) may change them from the fx graph's."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,13 @@ def _output_name(node: Any) -> str | None:
         return None
 
 
+def _output_strides(node: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(s) for s in node.get_layout().stride)
+    except (AttributeError, NotImplementedError, TypeError):  # None outputs, symbolic strides
+        return None
+
+
 def _plan_of(wrapper: Any, graph: Any) -> WrapperMemoryPlan:
     inputs = []
     for name, value in graph.graph_inputs.items():
@@ -282,7 +292,8 @@ def _plan_of(wrapper: Any, graph: Any) -> WrapperMemoryPlan:
     events = tuple(_events_of(wrapper, graph, unmeasured))
     return WrapperMemoryPlan(is_backward=bool(graph.is_backward), inputs=tuple(inputs), events=events,
                              outputs=tuple(_output_name(o) for o in graph.graph_outputs),
-                             unmeasured_kernels=tuple(unmeasured))
+                             unmeasured_kernels=tuple(unmeasured),
+                             output_strides=tuple(_output_strides(o) for o in graph.graph_outputs))
 
 
 _UNREADABLE = (NotImplementedError, AttributeError, KeyError, TypeError, ValueError)
@@ -352,19 +363,30 @@ def _example_inputs(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
 
 
-def _buffer_plan_of(gm: torch.fx.GraphModule, *, is_backward: bool,
+def _buffer_plan_of(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                     static_input_idxs: Sequence[int]) -> WrapperMemoryPlan | None:
     from torch._inductor.compile_fx import compile_fx_inner  # heavy: Inductor, imported only on its path
 
     sink: list[WrapperMemoryPlan] = []
     try:
         with _stopping_after_buffer_plan(sink):
-            compile_fx_inner(gm, _example_inputs(gm), is_backward=is_backward,
+            compile_fx_inner(gm, example_inputs, is_backward=is_backward,
                              static_input_idxs=list(static_input_idxs))
     except Exception as err:  # the probe's own stop, or a wrapper this reader does not know
         if not _stopped_by_probe(err) and not isinstance(err, _UNREADABLE):
             raise
     return sink[-1] if sink else None
+
+
+def _saved_counts(forward: torch.fx.GraphModule, num_fwd_outputs: int) -> types.SimpleNamespace:
+    """Where the forward's outputs for backward sit, named as AOTAutograd's forward metadata
+    names them: the saved tensors, then the saved symbolic sizes."""
+    outputs = list(forward.graph.find_nodes(op="output")[0].args[0])
+    symints = sum(1 for n in outputs[num_fwd_outputs:] if isinstance(n, torch.fx.Node)
+                  and not isinstance(n.meta.get("val"), torch.Tensor))
+    return types.SimpleNamespace(num_forward=num_fwd_outputs, num_symints_saved_for_bw=symints,
+                                 tensors_saved_for_backwards_slice=slice(
+                                     num_fwd_outputs, len(outputs) - symints))
 
 
 def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule,
@@ -376,14 +398,24 @@ def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.G
 
     if not functorch_config.donated_buffer:
         return None
-    outputs = list(forward.graph.find_nodes(op="output")[0].args[0])
-    saved = outputs[num_fwd_outputs:]
-    symints = sum(1 for n in saved if isinstance(n, torch.fx.Node)
-                  and not isinstance(n.meta.get("val"), torch.Tensor))
-    counts = types.SimpleNamespace(num_forward=num_fwd_outputs, num_symints_saved_for_bw=symints,
-                                   tensors_saved_for_backwards_slice=slice(
-                                       num_fwd_outputs, len(outputs) - symints))
-    return collect_bw_donated_buffer_idxs(forward, backward, counts)
+    return collect_bw_donated_buffer_idxs(forward, backward, _saved_counts(forward, num_fwd_outputs))
+
+
+def _backward_example_inputs(backward: torch.fx.GraphModule, forward_plan: WrapperMemoryPlan,
+                             counts: types.SimpleNamespace) -> list:
+    """The backward's example inputs as AOTAutograd hands them to Inductor: each saved tensor
+    restrided to the layout the compiled forward gave it (``_aot_stage2b_bw_compile``). A
+    channels-last convolution output saved for backward is otherwise planned with the fx
+    graph's layout, and the backward's copies to the layout its kernels want are missed."""
+    inputs = _example_inputs(backward)
+    strides = forward_plan.output_strides[counts.tensors_saved_for_backwards_slice]
+    for j, stride in enumerate(strides):
+        i = j + counts.num_symints_saved_for_bw
+        value = inputs[i] if i < len(inputs) else None
+        if stride is None or not isinstance(value, torch.Tensor) or tuple(value.stride()) == stride:
+            continue
+        inputs[i] = value.as_strided(value.size(), stride)
+    return inputs
 
 
 @contextlib.contextmanager
@@ -429,11 +461,14 @@ def probe_compiled_peak(forward: torch.fx.GraphModule, backward: torch.fx.GraphM
         i for i, out in enumerate(torch.utils._pytree.arg_tree_leaves(*bw_output.args))
         if isinstance(out, torch.fx.Node)]
     donated = _donated_backward_inputs(forward, backward, num_fwd_outputs)
-    fw = _buffer_plan_of(forward, is_backward=False, static_input_idxs=static_input_idxs)
+    fw = _buffer_plan_of(forward, _example_inputs(forward), is_backward=False,
+                         static_input_idxs=static_input_idxs)
     if fw is None:
         return None
+    bw_inputs = _backward_example_inputs(backward, fw, _saved_counts(forward, num_fwd_outputs))
     with _donating(donated):
-        bw = _buffer_plan_of(backward, is_backward=True, static_input_idxs=range(count_tangents(backward)))
+        bw = _buffer_plan_of(backward, bw_inputs, is_backward=True,
+                             static_input_idxs=range(count_tangents(backward)))
     if bw is None:
         return None
     try:

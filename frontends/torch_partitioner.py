@@ -62,6 +62,10 @@ class TorchPartition:
     """Run-once ops torch would recompute in backward that are kept from forward instead."""
     message: str = ""
     """Why it failed, or what was adjusted."""
+    graphs: tuple[torch.fx.GraphModule, torch.fx.GraphModule] | None = None
+    """torch's own forward and backward graphs, when ``schedule`` is exactly them (nothing was
+    adjusted): they may save a view where remat-opt's rewrite of the schedule saves its base,
+    which Inductor compiles to a lower peak. Not to be mutated: copy them to compile."""
 
     @property
     def label(self) -> str:
@@ -70,10 +74,11 @@ class TorchPartition:
 
 
 def partition_schedule(captured: CapturedStep, fraction: float,
-                       static_inputs: Sequence[int] | None = None) -> TorchPartition:
+                       static_inputs: Sequence[int] | None = None, *, keep_graphs: bool = False) -> TorchPartition:
     """Run torch's min-cut partitioner on a copy of the captured joint graph at ``fraction``;
     ``static_inputs``: the joint inputs that live through the step (default: the captured
-    parameters and buffers, which come first)."""
+    parameters and buffers, which come first); ``keep_graphs``: return torch's graphs too
+    (`TorchPartition.graphs`)."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"activation_memory_budget must be within [0, 1], got {fraction}")
     graph = captured.graph
@@ -92,7 +97,8 @@ def partition_schedule(captured: CapturedStep, fraction: float,
     except Exception as err:  # torch's failure is a finding of the comparison, not our bug
         return TorchPartition(fraction, None, message=f"torch's partitioner failed: {_one_line(err)}")
 
-    forward = _with_rng_states(graph, _computes(fw_module, captured))
+    torch_forward = _computes(fw_module, captured)
+    forward = _with_rng_states(graph, torch_forward)
     backward = _computes(bw_module, captured)
     run_once_kept = tuple(dict.fromkeys(
         name for name in backward if graph[name].compute_once and graph[name].phase is Phase.FORWARD
@@ -109,7 +115,9 @@ def partition_schedule(captured: CapturedStep, fraction: float,
     except (InvalidScheduleError, ValueError) as err:
         return TorchPartition(fraction, None, saved, recomputed, run_once_kept,
                               f"torch's partition does not run on remat-opt's graph: {_one_line(err)}")
-    return TorchPartition(fraction, schedule, saved, recomputed, run_once_kept, note)
+    faithful = keep_graphs and not run_once_kept and forward == torch_forward
+    return TorchPartition(fraction, schedule, saved, recomputed, run_once_kept, note,
+                          (fw_module, bw_module) if faithful else None)
 
 
 def partition_schedules(captured: CapturedStep,

@@ -110,3 +110,33 @@ def test_kernel_peak_measures_a_float64_convolutions_workspace():
     columns = 4 * (3 * 4 * 4) * (8 * 8) * 8  # one [C*k*k, out_h*out_w] matrix per image
     assert measured.workspace_bytes >= columns // 4, measured  # at least one image's columns
     assert kernel_peak_bytes(conv) is measured  # measured once per signature
+
+
+def test_the_backward_is_probed_with_the_layouts_the_compiled_forward_gave_its_saved_tensors():
+    """Inductor lays CPU convolution outputs out channels-last; AOTAutograd restrides the saved
+    tensors the backward receives to match, so the probe must too (ViT at min-cut's 0.5 budget:
+    probed 276 KB under its real compile without it)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from frontends.inductor_memory import _backward_example_inputs, _saved_counts
+
+    forward, backward = torch.fx.Graph(), torch.fx.Graph()
+    x = forward.placeholder("x")
+    conv, loss = forward.call_function(torch.relu, (x,)), forward.call_function(torch.sum, (x,))
+    forward.output((loss, conv, x))  # one user output, then two saved tensors
+    saved_conv, saved_x, tangent = (backward.placeholder(n) for n in ("conv", "x", "tangents_1"))
+    backward.output((tangent,))
+    with FakeTensorMode():
+        image = torch.empty(2, 3, 4, 4)
+        for node, val in ((x, image), (conv, image), (loss, torch.empty(())), (saved_conv, image),
+                          (saved_x, image), (tangent, torch.empty(()))):
+            node.meta["val"] = val
+    fw_module = torch.fx.GraphModule(torch.nn.Module(), forward)
+    bw_module = torch.fx.GraphModule(torch.nn.Module(), backward)
+    channels_last = (48, 1, 12, 3)
+    plan = WrapperMemoryPlan(is_backward=False, inputs=(("x", 384),), events=(), outputs=("buf0", "buf1", "x"),
+                             output_strides=((), channels_last, (48, 16, 4, 1)))
+    inputs = _backward_example_inputs(bw_module, plan, _saved_counts(fw_module, num_fwd_outputs=1))
+    assert inputs[0].stride() == channels_last and inputs[0].shape == image.shape
+    assert inputs[1] is saved_x.meta["val"] and inputs[2] is tangent.meta["val"]  # layouts unchanged

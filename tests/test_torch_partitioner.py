@@ -113,3 +113,19 @@ def test_batchnorm_model_gives_a_schedule_or_a_reason():
 def test_fraction_outside_torch_range_is_rejected(mlp_step):
     with pytest.raises(ValueError, match="within \\[0, 1\\]"):
         partition_schedule(mlp_step, 1.5)
+
+
+def test_torchs_own_graphs_come_back_only_when_the_schedule_is_exactly_them(mlp_step):
+    """The compile backend compiles a min-cut seed as torch's own graphs (they may save a view
+    where the rewrite of the schedule saves its base); only a partition taken unchanged qualifies."""
+    assert partition_schedule(mlp_step, 0.5).graphs is None  # not asked: what-if keeps no graphs
+    part = partition_schedule(mlp_step, 0.5, keep_graphs=True)
+    fw, bw = part.graphs
+    groups = mlp_step.graph.groups
+    for module, phase in ((fw, "forward"), (bw, "backward")):  # the graphs the schedule was read from
+        ops = [groups[n.name][0] for n in module.graph.nodes if n.op == "call_function" and n.name in groups]
+        assert ops == list(part.schedule.computes(phase))
+    gpt = example_module("gpt")
+    step = MetaCapturer(gpt.GPT(n_layers=1, dropout=0.1), gpt.get_inputs()).at()
+    adjusted = partition_schedule(step, 0.0, keep_graphs=True)  # dropout's generator states added
+    assert adjusted.schedule is not None and adjusted.graphs is None
