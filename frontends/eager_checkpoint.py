@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import json
 import os
+import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.hf_training import cache_off_for_training
+from frontends.row_split import chunk_sizes
 from optimizer.ir.budget import format_bytes
 from optimizer.ir.plan import Plan
 
@@ -69,6 +71,26 @@ class RegionPolicy:
 
 
 @dataclass(frozen=True)
+class SplitPolicy:
+    """One MLP module whose forward runs in row chunks (`ChunkedForward`)."""
+
+    path: str
+    chunks: int
+    """Row chunks of the flattened token rows (fewer when a call has fewer rows)."""
+    checkpoint: bool = True
+    """Each chunk under its own checkpoint (the plan chose it); False: the chunks one after the
+    other, everything kept, as the unsplit MLP keeps it (the plan was made on the chunked step)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "chunks": self.chunks, "checkpoint": self.checkpoint}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SplitPolicy":
+        return cls(path=str(data["path"]), chunks=int(data["chunks"]),
+                   checkpoint=bool(data.get("checkpoint", True)))
+
+
+@dataclass(frozen=True)
 class CheckpointPlan:
     """What `apply_checkpointing` decided and predicts; ``runtime`` is always ``"eager"``."""
 
@@ -83,6 +105,8 @@ class CheckpointPlan:
     """Headline figures, also in the file: budget, predicted peak, store-all peak, extra FLOPs,
     per-block checkpointing's extra FLOPs and peak, the graph runtime's at the same budget."""
     runtime: str = "eager"
+    splits: tuple[SplitPolicy, ...] = ()
+    """MLP modules run in row chunks, each chunk under its own checkpoint (``split_mlp``)."""
 
     def __getattr__(self, name: str) -> Any:  # plan.predicted_peak_bytes etc.
         if name.startswith("_") or name in ("plan", "summary"):
@@ -98,7 +122,9 @@ class CheckpointPlan:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "generated_by": "remat-opt", "runtime": self.runtime, "model_class": self.model_class,
                 "model_signature": self.model_signature,
-                "regions": [r.to_json() for r in self.regions], "summary": dict(self.summary)}
+                "regions": [r.to_json() for r in self.regions],
+                **({"mlp_splits": [sp.to_json() for sp in self.splits]} if self.splits else {}),
+                "summary": dict(self.summary)}
 
     def save(self, path: str | os.PathLike) -> None:
         save_checkpointing_plan(self, path)
@@ -199,6 +225,39 @@ def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list |
     return forward, recompute
 
 
+_CHUNKS = threading.local()
+
+
+@contextlib.contextmanager
+def unchecked_chunks():
+    """Within: split MLPs (`ChunkedForward`) run their chunks one after the other without a
+    checkpoint of their own. A checkpointed region enters it around its forward and its
+    recomputation (the region's checkpoint already frees and reruns them; nested checkpoints are
+    not planned); the planner enters it to capture and trace the chunked step."""
+    depth = getattr(_CHUNKS, "depth", 0)
+    _CHUNKS.depth = depth + 1
+    try:
+        yield
+    finally:
+        _CHUNKS.depth = depth
+
+
+def chunks_unchecked() -> bool:
+    return getattr(_CHUNKS, "depth", 0) > 0
+
+
+class _RegionCall:
+    """What a region's checkpoint runs when a split MLP is inside it: the module's forward
+    under `unchecked_chunks`, in forward and in the recomputation alike."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with unchecked_chunks():
+            return self.inner(*args, **kwargs)
+
+
 class CheckpointedForward:
     """The instance ``forward`` of a checkpointed module (a plain object, so ``deepcopy`` and
     pickling of the model keep working: it refers to its module, not to a closure)."""
@@ -212,16 +271,22 @@ class CheckpointedForward:
         self._expected = dict(region.expected_ops)
         self._freeze = recomputes_batch_norm(region.save, region.expected_ops)
         self._warned = False
+        self._splits: bool | None = None
+        """Whether a split MLP runs inside (found at the first call: a module being deep-copied
+        has no submodules yet)."""
+
+    def _target(self) -> Any:
+        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
 
     def _inner(self) -> Any:
-        if self.previous is not None:
-            return self.previous
-        return type(self.module).forward.__get__(self.module)
+        if self._splits is None:
+            self._splits = bool(split_modules(self.module))
+        return _RegionCall(self._target()) if self._splits else self._target()
 
     @property
     def __signature__(self) -> inspect.Signature:
         """The wrapped forward's signature (Trainer and others inspect ``model.forward``)."""
-        return inspect.signature(self._inner())
+        return inspect.signature(self._target())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inner = self._inner()
@@ -256,6 +321,57 @@ class CheckpointedForward:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["module"], state["region"], state["previous"])
+
+
+class ChunkedForward:
+    """The instance ``forward`` of a split MLP: the module's own forward on ``split.chunks``
+    chunks of the input's flattened token rows, each chunk under a non-reentrant checkpoint that
+    keeps nothing, the outputs concatenated. The wide intermediate then lives one chunk at a
+    time in forward (only the chunk's input is held) and in backward (each chunk's backward
+    reruns that chunk's forward first). The planner allows it only for modules whose forward
+    treats every row alone (linear -> pointwise -> linear, no dropout): same function, the
+    weight gradients summed over chunks. Without grad, or called with anything but one tensor,
+    the original forward runs whole; inside a checkpointed region (`unchecked_chunks`), or
+    where the plan does not checkpoint them (``split.checkpoint`` False), the chunks run without
+    their own checkpoint."""
+
+    def __init__(self, module: torch.nn.Module, split: SplitPolicy, previous: Any) -> None:
+        self.module = module
+        self.split = split
+        self.previous = previous
+
+    def _inner(self) -> Any:
+        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self._inner())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self._inner()
+        x = args[0] if len(args) == 1 and not kwargs else None
+        if not (torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[-1] > 0):
+            return inner(*args, **kwargs)
+        rows = x.numel() // x.shape[-1]
+        chunks = min(self.split.chunks, rows)
+        if chunks <= 1:
+            return inner(x)
+        pieces = x.reshape(rows, x.shape[-1]).split(chunk_sizes(rows, chunks))
+        if chunks_unchecked() or not self.split.checkpoint:
+            outs = [inner(piece) for piece in pieces]
+        else:
+            outs = [checkpoint(inner, piece, use_reentrant=False, preserve_rng_state=False)
+                    for piece in pieces]
+        del pieces
+        out = torch.cat(outs)
+        del outs  # the chunks die at the concatenation, not when forward returns
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"module": self.module, "split": self.split, "previous": self.previous}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["module"], state["split"], state["previous"])
 
 
 class CacheOffForward:
@@ -293,17 +409,34 @@ def _wants_cache(model: torch.nn.Module) -> bool:
     return any(getattr(getattr(m, "config", None), "use_cache", None) is True for m in model.modules())
 
 
-def apply_regions(model: torch.nn.Module, regions: tuple[RegionPolicy, ...]) -> None:
+def apply_splits(model: torch.nn.Module, splits: tuple[SplitPolicy, ...]) -> None:
+    """Run each named module's forward in row chunks (`ChunkedForward`)."""
+    modules = dict(model.named_modules())
+    missing = [s.path for s in splits if s.path not in modules]
+    if missing:
+        raise CheckpointPlanError(f"the plan splits module {missing[0]!r}, which this model does not "
+                                  "have; nothing was applied")
+    for split in splits:
+        module = modules[split.path]
+        module.__dict__["forward"] = ChunkedForward(module, split, module.__dict__.get("forward"))
+
+
+def apply_regions(model: torch.nn.Module, regions: tuple[RegionPolicy, ...],
+                  splits: tuple[SplitPolicy, ...] = ()) -> None:
+    """Split the MLPs ``splits`` names, then checkpoint the ``regions`` (a region around a split
+    MLP runs its chunks under its own checkpoint)."""
     modules = dict(model.named_modules())
     missing = [r.path for r in regions if r.path not in modules]
+    missing += [s.path for s in splits if s.path not in modules]
     if missing:
         raise CheckpointPlanError(f"the plan names module {missing[0]!r}, which this model does not "
                                   "have; nothing was applied")
+    apply_splits(model, splits)
     for region in regions:
         module = modules[region.path]
         previous = module.__dict__.get("forward")
         module.__dict__["forward"] = CheckpointedForward(module, region, previous)
-    if regions and _wants_cache(model):
+    if (regions or splits) and _wants_cache(model):
         model.__dict__["forward"] = CacheOffForward(model, model.__dict__.get("forward"))
 
 
@@ -313,12 +446,24 @@ def checkpointed_modules(model: torch.nn.Module) -> dict[str, RegionPolicy]:
             if isinstance(m.__dict__.get("forward"), CheckpointedForward)}
 
 
+def split_modules(model: torch.nn.Module) -> dict[str, SplitPolicy]:
+    """Module path -> its split, for every MLP `apply_checkpointing` runs in row chunks."""
+    found = {}
+    for path, module in model.named_modules():
+        wrapper = module.__dict__.get("forward")
+        while isinstance(wrapper, (CheckpointedForward, CacheOffForward, ChunkedForward)):
+            if isinstance(wrapper, ChunkedForward):
+                found[path] = wrapper.split
+            wrapper = wrapper.previous
+    return found
+
+
 def remove_checkpointing(model: torch.nn.Module) -> int:
     """Undo `apply_checkpointing` / `load_checkpointing` exactly; returns the modules unwrapped."""
     count = 0
     for _path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, (CheckpointedForward, CacheOffForward)):
+        while isinstance(wrapper, (CheckpointedForward, CacheOffForward, ChunkedForward)):
             if wrapper.previous is None:
                 del module.__dict__["forward"]
             else:
@@ -347,7 +492,7 @@ def load_checkpointing(model: torch.nn.Module, path: str | os.PathLike) -> Check
         raise CheckpointPlanError(f"cannot read checkpointing plan {os.fspath(path)!r}: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise CheckpointPlanError(f"{os.fspath(path)!r} is not a remat-opt eager plan (schema {SCHEMA})")
-    if checkpointed_modules(model):
+    if checkpointed_modules(model) or split_modules(model):
         raise CheckpointPlanError("the model is already checkpointed: call remove_checkpointing(model) "
                                   "first; nothing was applied")
     signature = model_signature(model)
@@ -357,10 +502,11 @@ def load_checkpointing(model: torch.nn.Module, path: str | os.PathLike) -> Check
             f"tree {data['model_signature']}; this {type(model).__name__} has {signature}): plan it "
             "with apply_checkpointing; nothing was applied")
     regions = tuple(RegionPolicy.from_json(r) for r in data["regions"])
-    apply_regions(model, regions)
+    splits = tuple(SplitPolicy.from_json(sp) for sp in data.get("mlp_splits", ()))
+    apply_regions(model, regions, splits)
     return CheckpointPlan(regions=regions, model_signature=signature,
                           model_class=type(model).__name__, plan=None,
-                          summary=tuple(data.get("summary", {}).items()))
+                          summary=tuple(data.get("summary", {}).items()), splits=splits)
 
 
 def describe(plan: CheckpointPlan) -> str:
@@ -373,11 +519,15 @@ def describe(plan: CheckpointPlan) -> str:
 
     lines = [f"eager runtime: {len(plan.regions)} modules checkpointed "
              f"({', '.join(f'{r.path}[{r.option}]' for r in plan.regions[:6])}"
-             f"{', ...' if len(plan.regions) > 6 else ''})",
-             f"predicted peak {format_bytes(s['predicted_peak_bytes'])} of budget "
-             f"{format_bytes(s['budget_bytes'])} (plain autograd {format_bytes(s['store_all_peak_bytes'])})",
-             f"extra compute {extra(s['extra_flops'], s.get('extra_time_s'))} ({s['status']}"
-             + (f", gap {s['gap']:.1%} of the step" if s.get("gap") is not None else "") + ")"]
+             f"{', ...' if len(plan.regions) > 6 else ''})"]
+    if plan.splits:
+        names = ", ".join(sp.path for sp in plan.splits[:3]) + (", ..." if len(plan.splits) > 3 else "")
+        lines.append(f"{len(plan.splits)} MLPs in {plan.splits[0].chunks} row chunks ({names}), the chunks "
+                     f"of {sum(sp.checkpoint for sp in plan.splits)} each under its own checkpoint")
+    lines += [f"predicted peak {format_bytes(s['predicted_peak_bytes'])} of budget "
+              f"{format_bytes(s['budget_bytes'])} (plain autograd {format_bytes(s['store_all_peak_bytes'])})",
+              f"extra compute {extra(s['extra_flops'], s.get('extra_time_s'))} ({s['status']}"
+              + (f", gap {s['gap']:.1%} of the step" if s.get("gap") is not None else "") + ")"]
     if "per_block_extra_flops" in s:
         lines.append(f"per-block checkpointing: {extra(s['per_block_extra_flops'], s.get('per_block_extra_time_s'))}"
                      f" extra, peak {format_bytes(s['per_block_peak_bytes'])}")

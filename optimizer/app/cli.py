@@ -115,7 +115,8 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="run every MLP (linear -> activation -> linear, SwiGLU too) in M chunks "
                              "of token rows, so its wide intermediate exists one chunk at a time "
                              "(auto: try 2, 4, 8 after the head's split and keep the cheapest plan "
-                             "that fits); README 'Splitting huge ops'")
+                             "that fits; with --runtime eager: M only, each MLP module's forward in M "
+                             "checkpointed chunks); README 'Splitting huge ops'")
     parser.add_argument("--outputs", choices=("all", "loss"), default="all",
                         help="all (default): the module returns every output; loss: only the scalar "
                              "losses (None in place of the logits and other tensors), so their memory "
@@ -285,18 +286,20 @@ def run(args: argparse.Namespace) -> str:
         for name in ("forward.py", "backward.py"):
             _check_writable(os.path.join(args.save_graphs, name))
     other = ("--meta" if args.meta else "--world-size/--strategy"
-             if args.world_size is not None or args.strategy is not None
-             else "--runtime eager" if args.runtime == "eager" else None)
+             if args.world_size is not None or args.strategy is not None else None)
     if other and (split is not None or split_mlp is not None):  # those paths do not split: say so
         raise CliError(f"--split and --split-mlp are planned by the graph runtime only: drop them with {other}",
                        EXIT_USAGE)
+    if args.runtime == "eager" and (split is not None or split_mlp == "auto"):  # eager splits MLPs only
+        raise CliError("--split and --split-mlp auto are planned by the graph runtime only: drop them with "
+                       "--runtime eager (it takes --split-mlp M)", EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
     if args.meta:
         return _run_meta(args, model, inputs, budget, cost_model, allocator)
     if args.world_size is not None or args.strategy is not None:
         return _run_for_rank(args, model, inputs, budget, cost_model, allocator)
     if args.runtime == "eager":
-        return _run_eager(args, model, inputs, budget, cost_model)
+        return _run_eager(args, model, inputs, budget, cost_model, split_mlp)
     if args.emit:
         raise CliError("--emit writes an eager checkpointing plan: add --runtime eager", EXIT_USAGE)
     with _planning_errors(budget):
@@ -326,7 +329,7 @@ def run(args: argparse.Namespace) -> str:
     return report
 
 
-def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model) -> str:
+def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, split_mlp: int | None = None) -> str:
     """--runtime eager: plan checkpoint regions for the model itself; --emit writes the plan."""
     from frontends.eager_runtime import apply_checkpointing, describe  # heavy: torch, not imported for --help
 
@@ -340,7 +343,7 @@ def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model) -> s
     with _planning_errors(budget):
         plan = apply_checkpointing(model, inputs, budget=budget, time_limit=args.time_limit,
                                    cost_model=cost_model or "flops", grad_outputs=args.grad_outputs,
-                                   python_side_effects=args.python_side_effects)
+                                   python_side_effects=args.python_side_effects, split_mlp=split_mlp)
     report = f"{args.model}\n" + describe(plan)
     if args.measure:
         from frontends.measure import measure_step  # heavy: torch, not imported for --help or a usage error

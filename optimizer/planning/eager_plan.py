@@ -19,6 +19,9 @@ disjoint regions, so is recomputation), solved exactly on a Pareto front; the si
 confirms the cheapest selection that fits. The same front gives a lower bound valid for the whole
 family: every plan whose boundary is over the budget is infeasible.
 
+A split MLP (``split_mlp``, `frontends.eager_split`) adds, below the MLP, one region per row
+chunk with one option, `CHUNKED` (its own checkpoint), chosen for all chunks of the MLP at once.
+
 Pure Python over the IR: no torch.
 """
 
@@ -57,6 +60,25 @@ LEANEST_TRIES = 40
 
 FRONT_SIZE = 400
 """Pareto points kept per module of the tree (thinned evenly by saved bytes beyond it)."""
+
+CHUNKED = "chunk"
+"""Option of a row chunk of a split MLP (``split_mlp``): its own checkpoint, keeping nothing.
+Chosen for all chunks of one MLP together (`RegionModel.chunk_groups`: the runtime checkpoints
+an MLP's chunks or not); not chosen, the chunks run one after the other with nothing freed, as
+the unsplit MLP. A checkpointed region around the MLP reruns them inside its own checkpoint."""
+
+
+def chunk_group(path: str) -> str:
+    """The MLP chunk group (``blocks.0.mlp.<chunks>``) of a `chunk_path`; its MLP is
+    ``chunk_group(p).removesuffix(".<chunks>")``."""
+    return path.rsplit(".<", 1)[0] + ".<chunks>"
+
+
+def chunk_path(mlp: str, index: int) -> str:
+    """The pseudo-module path of row chunk ``index`` of the split MLP ``mlp``: the frontend
+    labels the chunk's forward and backward values with it (``blocks.0.mlp.<1>.0``), so the
+    chunk is a region below the MLP and every region around it."""
+    return f"{mlp}.<{index}>"
 
 
 @dataclass(frozen=True)
@@ -238,7 +260,8 @@ def within(module: str, path: str) -> bool:
 class RegionModel:
     """What each candidate region can do on one graph (values, readers, options)."""
 
-    def __init__(self, graph: RematGraph, candidates: Sequence[RegionCandidate]) -> None:
+    def __init__(self, graph: RematGraph, candidates: Sequence[RegionCandidate],
+                 chunked: Sequence[str] = ()) -> None:
         self.forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
         self.order = {name: i for i, name in enumerate(self.forward)}
         # Ops that update state (a buffer written back, a mutation) must run once, but a
@@ -256,6 +279,12 @@ class RegionModel:
             values = tuple(v for v in self.forward if within(graph[v].module, cand.path))
             if values and self._contiguous(values) and run_once.intersection(values) <= cand.mappable:
                 regions[cand.path] = tuple(v for v in values if not is_hold(v))
+        for path in chunked:  # row chunks of split MLPs (`chunk_path`): regions of their own
+            values = tuple(v for v in self.forward if within(graph[v].module, path) and not is_hold(v))
+            if not values or not self._contiguous(values) or run_once.intersection(values):
+                raise ValueError(f"row chunk {path!r} of a split MLP is not one contiguous, rerunnable "
+                                 "segment of the forward: it cannot be planned as its own checkpoint")
+            regions[path] = values
         everything = {v for values in regions.values() for v in values}
         self.reholds = {p: f"{REHOLD}{p}" for p in regions if f"{REHOLD}{p}" in graph}
         self.graph = replayable_graph(graph, everything)
@@ -273,7 +302,44 @@ class RegionModel:
         for name in g.user_outputs:
             if g[name].is_op:
                 self.pinned.update(g.group_of(name))
-        self.options = {path: self._options(path) for path in regions}
+        groups: dict[str, list[RegionOption]] = {}
+        for path in chunked:
+            groups.setdefault(chunk_group(path), []).append(self._chunk_option(path))
+        self.chunk_groups = {g: tuple(opts) for g, opts in groups.items()}
+        """`chunk_group` of each split MLP -> its chunks' options: chosen all together or not at all."""
+        self.options = {path: self._options(path) for path in regions if path not in chunked}
+
+    def complete(self, choices: Iterable[RegionOption]) -> tuple[RegionOption, ...]:
+        """``choices`` with every chunk of an MLP one of whose chunks is chosen, without those a
+        chosen region covers."""
+        choices = tuple(choices)
+        chosen = tuple(c for c in choices if c.option != CHUNKED)
+        groups = {chunk_group(c.path) for c in choices if c.option == CHUNKED}
+        return chosen + tuple(o for g in sorted(groups) for o in self.chunk_groups[g]
+                              if not any(within(o.path, c.path) for c in chosen))
+
+    def _chunk_option(self, path: str) -> RegionOption:
+        """A row chunk under a checkpoint that keeps nothing. Its recomputation reruns every op
+        up to the last one that saves a tensor for backward (one backward reads, or one it
+        makes): checkpoint stops once every saved tensor is back, and an op saves its tensors
+        after it ran (the down projection saves its input, so it reruns too)."""
+        g = self.graph
+        values = self.regions[path]
+        saved = {v for v in values if self.backward_readers[v]}
+        outside_read = {v for v in saved if any(not within(r.module, path) for r in self.backward_readers[v])}
+        kept = outside_read | (self.pinned & set(values))
+        dropped = tuple(v for v in values if v in saved and v not in kept)
+
+        def saves(v: str) -> bool:
+            return v in saved or any(any(g[u].phase is Phase.BACKWARD for u in g.users[i])
+                                     for i in g[v].inputs if g[i].kind is not NodeKind.TANGENT)
+
+        last = max((self.order[v] for v in values if saves(v)), default=-1)
+        recompute = tuple(v for v in values if self.order[v] <= last and g.group_of(v)[0] == v)
+        return RegionOption(
+            path=path, option=CHUNKED, saved=(), dropped=dropped, recompute_groups=recompute,
+            saving_bytes=sum(g[v].bytes for v in dropped),
+            extra_cost=sum(g[v].cost for v in recompute), extra_flops=sum(g[v].flops for v in recompute))
 
     def rerun_readers(self, path: str) -> set[str]:
         """Values of the region that an op the region's recomputation reruns reads: keeping
@@ -364,6 +430,7 @@ class RegionModel:
         """Forward runs everything; each chosen region recomputes once, right before the first
         backward op of the region (or the first reader of a value it dropped)."""
         g = self.graph
+        choices = self.complete(choices)
         held = set().union(*(self.region_inputs(c.path) for c in choices)) if choices else set()
         dropped_all = {v for c in choices for v in c.dropped if v not in held}
         live = {v for v in self.forward if v not in dropped_all and self.backward_readers[v]}
@@ -426,7 +493,7 @@ def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
     """Non-overlapping selections of (region, option), Pareto-optimal in (saving, cost), and
     whether the front is exact (no thinning was needed)."""
     thinned = [False]
-    paths = sorted(model.regions, key=lambda p: (p.count("."), p))
+    paths = sorted([*model.options, *model.chunk_groups], key=lambda p: (p.count("."), p))
     children: dict[str, list[str]] = {p: [] for p in paths}
     roots: list[str] = []
     for p in paths:
@@ -437,6 +504,9 @@ def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
             roots.append(p)
 
     def front_of(path: str) -> list[Point]:
+        if path in model.chunk_groups:  # a split MLP's chunks, checkpointed together or not
+            group = model.chunk_groups[path]
+            return [(0, 0.0, ()), (sum(o.saving_bytes for o in group), sum(o.extra_cost for o in group), group)]
         inner: list[Point] = [(0, 0.0, ())]
         for child in children[path]:
             inner = _merge(inner, front_of(child), thinned)
@@ -465,6 +535,7 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
         moves: dict[tuple[tuple[str, str], ...], Point] = {}
 
         def add(selection: tuple[RegionOption, ...]) -> None:
+            selection = model.complete(selection)
             total = sum(o.extra_cost for o in selection)
             gained = sum(o.saving_bytes for o in selection)
             if total < cost - 1e-15 and gained >= need:
@@ -472,15 +543,23 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
                 moves.setdefault(key, (gained, total, selection))
 
         for i, choice in enumerate(choices):
+            if choice.option == CHUNKED:
+                continue
             rest = choices[:i] + choices[i + 1:]
             add(rest)
-            for option in model.options[choice.path]:
+            for option in model.options.get(choice.path, ()):
                 add((*rest, option))
+        for group in model.chunk_groups.values():  # checkpoint an MLP's chunks, or stop to
+            if group[0] in choices:
+                add(tuple(c for c in choices if c not in group))
+            elif not _overlaps(group[0], [c for c in choices if c.option != CHUNKED]):
+                add((*choices, *group))
         for point in over:
             if point[1] >= cost:
                 continue
+            chosen = [c for c in point[2] if c.option != CHUNKED]
             for option in every:
-                if not _overlaps(option, point[2]):
+                if not _overlaps(option, chosen):
                     add((*point[2], option))
         found = None
         for point in sorted(moves.values(), key=lambda p: p[1]):
@@ -504,23 +583,32 @@ def uniform_selections(model: RegionModel) -> list[Point]:
     The front keeps selections by boundary saving and cost alone, and the peak is not monotone
     in either, so these are tried too: the plan returned is never worse than the best of them."""
     points: list[Point] = []
-    depths = sorted({p.count(".") for p in model.regions})
+    depths = sorted({p.count(".") for p in model.options})
     for depth in depths:
-        paths = [p for p in model.regions if p.count(".") == depth]
+        paths = [p for p in model.options if p.count(".") == depth]
         for option in OPTIONS:
             chosen = tuple(o for p in paths for o in model.options[p] if o.option == option)
             if chosen:
                 points.append((sum(o.saving_bytes for o in chosen), sum(o.extra_cost for o in chosen), chosen))
+    chunks = tuple(o for group in model.chunk_groups.values() for o in group)
+    if chunks:  # each with every split MLP's chunks checkpointed too (those no region covers)
+        points += [(0, 0.0, ())]
+        for i in range(len(points)):
+            with_chunks = model.complete((*points[i][2], *chunks))
+            points.append((sum(o.saving_bytes for o in with_chunks), sum(o.extra_cost for o in with_chunks),
+                           with_chunks))
     return points
 
 
 def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget: int | str,
-                time_limit_s: float = 60.0) -> EagerSolution:
+                time_limit_s: float = 60.0, chunked: Sequence[str] = ()) -> EagerSolution:
     """The cheapest selection of regions and saved sets whose simulated peak fits ``budget``.
+    ``chunked``: the row chunks of split MLPs (`chunk_path`), each under its own checkpoint
+    unless a chosen region covers it (`RegionModel.complete`).
 
     Raises `InfeasibleBudgetError` naming the leanest plan of the family when none fits."""
     start = time.perf_counter()
-    model = RegionModel(graph, candidates)
+    model = RegionModel(graph, candidates, chunked)
     g = model.graph
     store_all = simulate(g, store_all_schedule(g))
     budget_bytes = resolve_budget(budget, store_all.peak_bytes)
@@ -576,7 +664,7 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
                " (eager runtime: the leanest checkpointing plan found; optimize() can go lower)")
         raise InfeasibleBudgetError(budget_bytes, smallest, why, exact=False, lower_bound_bytes=None)
     sim, point = best
-    choices = tuple(sorted(point[2], key=lambda o: model.order[model.regions[o.path][0]]))
+    choices = tuple(sorted(model.complete(point[2]), key=lambda o: model.order[model.regions[o.path][0]]))
     gap_note = ""
     status = "optimal" if bound is not None and point[1] <= bound + 1e-15 else "feasible"
     if status == "optimal":
@@ -589,7 +677,9 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         budget_bytes=budget_bytes, extra_cost=point[1],
         extra_flops=sum(o.extra_flops for o in choices), bound=bound, status=status,
         solve_time_s=time.perf_counter() - start,
-        message=f"eager runtime: {len(choices)} regions checkpointed{gap_note}")
+        message=f"eager runtime: {sum(c.option != CHUNKED for c in choices)} regions checkpointed"
+                + (f", {sum(c.option == CHUNKED for c in choices)} MLP row chunks under their own checkpoint"
+                   if model.chunk_groups else "") + gap_note)
 
 
 def solution_plan(solution: EagerSolution, graph: RematGraph, graph_nodes: int = 0) -> Plan:
@@ -612,11 +702,12 @@ def solution_plan(solution: EagerSolution, graph: RematGraph, graph_nodes: int =
 
 
 def fixed_choice_solution(graph: RematGraph, candidates: Sequence[RegionCandidate],
-                          paths: Sequence[str], option: str = "none") -> EagerSolution | None:
+                          paths: Sequence[str], option: str = "none",
+                          chunked: Sequence[str] = ()) -> EagerSolution | None:
     """Every path in ``paths`` checkpointed with ``option`` (per-block checkpointing with
     ``"none"``): the baseline a hand-written ``checkpoint`` per block gives."""
     start = time.perf_counter()
-    model = RegionModel(graph, candidates)
+    model = RegionModel(graph, candidates, chunked)
     choices = []
     for path in paths:
         options = {o.option: o for o in model.options.get(path, [])}
@@ -626,6 +717,7 @@ def fixed_choice_solution(graph: RematGraph, candidates: Sequence[RegionCandidat
             choices.append(min(options.values(), key=lambda o: -o.saving_bytes))
     if not choices:
         return None
+    choices = list(model.complete(choices))
     store_all = simulate(model.graph, store_all_schedule(model.graph))
     sim = model.evaluate(choices)
     return EagerSolution(
