@@ -27,8 +27,8 @@ Of the plans tried, the cheapest (recomputation under the cost model) whose comp
 ``B`` is kept, so the fit never costs more than the unfitted plan and never exceeds ``B`` as
 Inductor's plan counts it; when none does, `InfeasibleBudgetError` names the smallest compiled
 peak seen (Inductor can compile a plan above its unfused peak: layout copies, kernel workspace).
-Plans whose schedule repeats one already probed are not probed again (a seed's apart from a
-solver plan's: the backend may compile a seed as torch's own graphs).
+Plans whose schedule repeats one already probed are not probed again (unless the caller says
+they compile to other graphs: ``variant_of``).
 Pure search logic: planning and probing are the caller's callables.
 """
 
@@ -98,7 +98,8 @@ class InductorFit:
 
 def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of: Callable[[Plan], int | None],
              *, iterations: int = 4, tolerance: float = 0.02,
-             seeds: Callable[[], Iterable[Plan]] | None = None) -> tuple[Plan, InductorFit]:
+             seeds: Callable[[], Iterable[Plan]] | None = None,
+             variant_of: Callable[[Plan], object] | None = None) -> tuple[Plan, InductorFit]:
     """Search the planning budget as the module says; returns the plan kept and the record.
 
     ``plan_at(b)`` plans the graph for ``b`` bytes (`InfeasibleBudgetError` for a ``b`` too
@@ -106,6 +107,9 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
     search); ``compiled_peak_of(plan)`` probes it. ``seeds()`` yields plans made another way
     (torch's min-cut partitions): after the search, each seed cheaper than the best plan that
     fits is probed too. `InfeasibleBudgetError` when no plan tried compiles within the budget.
+    ``variant_of(plan)``: what besides the schedule decides the graphs compiled (the backend:
+    whether a seed compiles as torch's own graphs); a probe is reused for the same schedule and
+    variant only.
     """
     if iterations < 1:
         raise ValueError(f"fit_iterations must be at least 1, got {iterations}")
@@ -116,7 +120,7 @@ def fit_plan(budget_bytes: int, plan_at: Callable[[int], Plan], compiled_peak_of
 
     def probe(plan: Plan, planning_budget: int, plan_seconds: float, source: str) -> FitIteration:
         start = time.perf_counter()
-        key = (source == "solver", _schedule_key(plan))  # a seed may compile its own graphs
+        key = (variant_of(plan) if variant_of else None, _schedule_key(plan))
         fresh = key not in probed
         if fresh:
             probed[key] = compiled_peak_of(plan)

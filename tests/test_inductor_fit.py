@@ -246,3 +246,28 @@ def test_plans_recomputing_the_same_ops_in_another_order_are_probed_apart():
 
     kept, fit = fit_plan(8_000, lambda budget: first, probe, iterations=1, seeds=lambda: [second])
     assert probed == ["solver", "seed"] and kept.solver == "seed" and fit.compiled_peak_bytes == 7_000
+
+
+def test_a_seed_compiled_as_other_graphs_is_probed_apart_from_its_rewrite():
+    """The backend may compile one seed two ways (remat-opt's rewrite of its schedule, then
+    torch's own graphs, which can save a view where the rewrite saves its base): the same
+    schedule is probed again only when ``variant_of`` says the graphs differ."""
+    from optimizer.ir.schedule import Schedule, compute
+
+    def plan(backward: str, cost: float, solver: str):
+        schedule = Schedule(forward=(compute("a"),), backward=(compute(backward),))
+        return _StaircasePlan(("a",), ((backward, 1),), 5_000, cost, cost, 10_000, solver=solver, schedule=schedule)
+
+    solver_plan = plan("b", 2.0, "solver")
+    rewrite, same_schedule, own = plan("c", 1.0, "rewrite"), plan("c", 1.0, "same"), plan("c", 1.0, "own")
+    compiled = {"solver": 9_500, "rewrite": 9_000, "own": 7_500}
+    probed = []
+
+    def probe(p):
+        probed.append(p.solver)
+        return compiled[p.solver]
+
+    kept, fit = fit_plan(8_000, lambda budget: solver_plan, probe, iterations=1,
+                         seeds=lambda: [rewrite, same_schedule, own], variant_of=lambda p: p is own)
+    assert probed == ["solver", "rewrite", "own"]  # "same" reuses the rewrite's probe
+    assert kept is own and fit.compiled_peak_bytes == 7_500
