@@ -111,7 +111,8 @@ def plan_with_split(capture: Callable[[int, int], CapturedStep],
         return captured, chosen
     summary = ", ".join(_tried_text(c, result) for c, _, result in tried)
     mlp_text = f" and {m} for the MLPs" if len(mlps) > 1 else ""
-    note = f"split='auto' chose {k} row chunk{'s' if k > 1 else ''}{mlp_text} ({summary})"
+    note = (f"split='auto' chose {k} row chunk{'s' if k > 1 else ''}{mlp_text}, the least step cost under "
+            f"the cost model ({summary})")
     return captured, dataclasses.replace(chosen, message="; ".join(filter(None, (chosen.message, note))))
 
 
@@ -139,7 +140,10 @@ def _tried_text(candidate: Candidate, result: _Result) -> str:
     k, m = candidate
     name = f"k={k}" + (f"/mlp={m}" if m > 1 else "")
     if isinstance(result, Plan):
-        return f"{name}: {result.extra_percent:.2f}% extra compute"
+        # The candidates are compared by the whole step's cost (their plain steps differ: the
+        # concatenations), so that is shown next to the extra share of each one's own step.
+        step = f"step {result.objective:.4g} s, " if result.objective is not None else ""
+        return f"{name}: {step}{result.extra_percent:.2f}% extra compute"
     if isinstance(result, RowSplitError):
         return f"{name}: not split ({result})"
     needs = result.smallest_feasible_bytes
