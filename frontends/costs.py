@@ -15,10 +15,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from frontends.devices import DEVICES, get_device
+from frontends.fx_leaves import flat_leaves
 from frontends.symbolic_sizes import SymbolSizes
 
 
@@ -125,9 +125,9 @@ def op_flops(node: torch.fx.Node, sizes: SymbolSizes | None = None) -> float:
 def op_bytes_moved(node: torch.fx.Node, sizes: SymbolSizes | None = None) -> int:
     """Bytes the op reads (its tensor inputs) plus the bytes it writes (its outputs)."""
     sizes = sizes or SymbolSizes()
-    inputs = [v for v in tree_flatten((_vals(node.args, sizes), _vals(node.kwargs, sizes)))[0]
+    inputs = [v for v in flat_leaves((_vals(node.args, sizes), _vals(node.kwargs, sizes)))
               if isinstance(v, torch.Tensor)]
-    outputs = [sizes.concrete(v) for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    outputs = [sizes.concrete(v) for v in flat_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     return sum(_tensor_bytes(t) for t in inputs + outputs)
 
 

@@ -411,6 +411,76 @@ def test_capture_traces_without_cyclic_collections_and_restores_the_collector(mo
     assert gc.isenabled()
 
 
+def test_capture_generates_the_joints_code_only_when_read(monkeypatch) -> None:
+    """AOTAutograd generated and compiled the joint's Python code twice, and capture never runs
+    it (10,000 steps: two 120,000-line compiles). The joint is a lazy graph module: no code is
+    generated for it during capture, and reading ``.code`` gives what an eager module has."""
+    generated: list[torch.fx.Graph] = []
+    python_code = torch.fx.Graph.python_code
+
+    def counted(self, *args, **kwargs):
+        generated.append(self)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+    step = frontends.capture.capture(model, (torch.randn(2, 4),))
+    assert generated and not any(g is step.gm.graph for g in generated)  # export's modules did
+    assert isinstance(step.gm, torch.fx.GraphModule)
+    code = step.gm.code
+    assert any(g is step.gm.graph for g in generated)
+    assert code == torch.fx.GraphModule(step.gm, step.gm.graph).code
+
+
+def _fx_trees(step) -> list:
+    trees = []
+    for node in step.gm.graph.nodes:
+        trees += [(node.args, node.kwargs), node.meta.get("val")]
+    return trees
+
+
+def test_flat_leaves_are_pytrees_leaves() -> None:
+    """`frontends.fx_leaves.flat_leaves` (the IR's fast flatten) returns tree_flatten's leaves in
+    tree_flatten's order: for every node's arguments and value of a captured step, and for the
+    containers it hands to pytree (namedtuples, OrderedDict, deque, torch.Size)."""
+    from collections import OrderedDict, deque, namedtuple
+
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+    from torch.utils._pytree import tree_flatten
+
+    from frontends.fx_leaves import flat_leaves
+
+    pair = namedtuple("pair", "a b")
+    t = torch.ones(2)
+    trees = [None, 3, t, (t, [t, {"k": t, "j": (1, None)}]), immutable_list([t, immutable_dict(a=t, b=[2])]),
+             pair(t, [t]), OrderedDict(b=t, a=1), deque([t, (t,)]), torch.Size([2, 3]), slice(1, 2),
+             {"z": 1, "a": [pair(1, 2), torch.float32, torch.device("cpu")]}, ((), [], {})]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Dropout(0.1),
+                                torch.nn.GELU(), torch.nn.Linear(8, 2))
+    trees += _fx_trees(frontends.capture.capture(model, (torch.randn(4, 8),)))
+    for tree in trees:
+        expected = tree_flatten(tree)[0]
+        got = flat_leaves(tree)
+        assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected)), tree
+
+
+def test_ir_is_the_same_with_pytrees_flatten(monkeypatch) -> None:
+    """The IR built with the fast flatten equals the IR built with torch's pytree (values,
+    bytes, costs, inputs, groups), on a step with multi-output ops, kwargs and random ops."""
+    from torch.utils._pytree import tree_flatten
+
+    import frontends.costs
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Dropout(0.1),
+                                torch.nn.GELU(), torch.nn.Linear(8, 2))
+    step = frontends.capture.capture(model, (torch.randn(4, 8),))
+    fast = frontends.capture.build_remat_graph(step.gm)
+    for module in (frontends.capture, frontends.costs):
+        monkeypatch.setattr(module, "flat_leaves", lambda tree: tree_flatten(tree)[0])
+    assert frontends.capture.build_remat_graph(step.gm) == fast
+    assert any(len(members) > 1 for members in fast[0].groups.values())  # layer norm's siblings
+
+
 # ------------------------------------------------- recompute-all's length on long chains
 @pytest.mark.parametrize("steps", [3, 12, 40])
 def test_recompute_all_estimate_bounds_its_recomputations(steps: int) -> None:
