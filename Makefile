@@ -23,5 +23,7 @@ demo: env
 lint: env
 	$(BIN)/ruff check .
 
+# Test files run in parallel (pytest-xdist, one worker per core up to 4; a file's tests stay on
+# one worker so its module fixtures are built once); the slowest tests are listed at the end.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations 15
