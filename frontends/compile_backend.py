@@ -42,7 +42,12 @@ from torch._functorch.compile_utils import fx_graph_cse
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
 from frontends.compile_errors import own_error_to_raise, planning_errors
-from frontends.compile_split import GraphSplits, check_backend_chunks, split_compiled_graph
+from frontends.compile_split import (
+    GraphSplits,
+    backend_split_choices,
+    copy_graph_module,
+    split_compiled_graph,
+)
 from frontends.compiled_memory import CompiledStepMeter
 from frontends.costs import CostModel, cost_model_from_name
 from frontends.dynamo_joint import (
@@ -61,6 +66,7 @@ from frontends.inductor_memory import (
 )
 from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
+from frontends.row_split import RowSplitError
 from frontends.symbolic_sizes import SymbolSizes
 from frontends.torch_partitioner import DEFAULT_FRACTIONS, partition_schedule
 from frontends.torch_partitioner import STRATEGY_NAME as TORCH_MIN_CUT
@@ -75,6 +81,7 @@ from optimizer.planning.graph_budget import (
     summarize,
 )
 from optimizer.planning.planner import plan_from_schedule, plan_graph, store_all_peak_bytes
+from optimizer.planning.split_search import search_splits
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 
@@ -95,6 +102,27 @@ TORCH_GRAPHS = "(torch's graphs)"
 
 class GraphBreakError(RuntimeError):
     """``fullgraph=True`` and dynamo produced more than one graph for the step."""
+
+
+@dataclass(frozen=True)
+class _JointCandidate:
+    """One ``split="auto"`` candidate: the `RematGraph` of the joint graph AOTAutograd traced
+    from dynamo's graph split that way (what `search_splits` plans)."""
+
+    graph: RematGraph
+    graph_nodes: int
+
+
+class _NoBackward(RowSplitError):
+    """A ``split="auto"`` graph needs no backward: AOTAutograd partitions nothing, so nothing is planned."""
+
+
+class _JointTraced(Exception):  # noqa: N818  (a control-flow signal, not an error)
+    """Raised by the probing partition function to carry the joint graph out of AOTAutograd."""
+
+    def __init__(self, candidate: _JointCandidate | None) -> None:
+        super().__init__("joint graph traced")
+        self.candidate = candidate
 
 
 @dataclass(frozen=True)
@@ -153,11 +181,15 @@ class RematBackend:
                  compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                  threads: int = 1, allocator: AllocatorModel | None = None,
                  milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
-                 fit_tolerance: float = 0.02, split: int | None = None, split_mlp: int | None = None):
-        self.split = check_backend_chunks(split, "split")
-        self.split_mlp = check_backend_chunks(split_mlp, "split_mlp")
+                 fit_tolerance: float = 0.02, split: int | str | None = None,
+                 split_mlp: int | str | None = None):
+        self._heads, self._mlps = backend_split_choices(split, split_mlp)
+        """Chunk counts to plan for the head and the MLPs (several: ``auto``, see `_choose_split`)."""
+        self.split, self.split_mlp = split or 1, split_mlp or 1
         self._graph_splits: GraphSplits | None = None
         """What `_compile` split in the graph being compiled (its `_partition` records it)."""
+        self._auto_budget: int | None = None
+        """``auto``: the graph's budget in bytes its search resolved (a percentage is of the unsplit graph)."""
         self._split_done = {"head": False, "mlp": False}
         """Whether an earlier graph was split that way: a later graph without the chain may stay unsplit."""
         self.percent = isinstance(budget, str) and budget.strip().endswith("%")
@@ -218,11 +250,15 @@ class RematBackend:
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         compile_id = torch._guards.CompileContext.current_compile_id()
+        name = f"graph {compile_id}" if compile_id is not None else "the graph"
+        self._auto_budget = None
         with planning_errors():  # a split refused reaches the caller as itself
-            self._graph_splits = split_compiled_graph(
-                gm, example_inputs, self.split, self.split_mlp,
-                f"graph {compile_id}" if compile_id is not None else "the graph",
-                head_required=not self._split_done["head"], mlp_required=not self._split_done["mlp"])
+            if len(self._heads) > 1 or len(self._mlps) > 1:
+                self._graph_splits = self._choose_split(gm, example_inputs, name, compile_id)
+            else:
+                self._graph_splits = split_compiled_graph(
+                    gm, example_inputs, self._heads[0], self._mlps[0], name,
+                    head_required=not self._split_done["head"], mlp_required=not self._split_done["mlp"])
         if self._graph_splits is not None:
             self._split_done["head"] |= bool(self._graph_splits.row_splits)
             self._split_done["mlp"] |= bool(self._graph_splits.mlp_splits.splits)
@@ -295,25 +331,16 @@ class RematBackend:
     def _partition(self, joint_module: torch.fx.GraphModule, joint_inputs, num_fwd_outputs: int,
                    static_lifetime_input_indices: list[int]):
         cost_model = self._cost_model(joint_module)
-        if functorch_config.cse:  # as torch's partitioners do first: one graph to plan and to seed from
-            joint_module.graph = fx_graph_cse(joint_module.graph)
-            joint_module.recompile()
-        untie_batch_norm_backward(joint_module)  # as capture() does: see there
+        self._prepare_joint(joint_module)
         compile_id = self._note_frame()
         frame = compile_id.split("/")[0]
-        inputs = _tensor_inputs(joint_module)
-        sizes = SymbolSizes(_at_least(inputs, self._frame_shapes.get(frame)))
-        try:
-            graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}", sizes)
-        except CaptureError as err:
-            raise CaptureError(f"{err} (with torch.compile: pass dynamic=False)") from None
-        if n_fwd != num_fwd_outputs:
-            raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
-                               f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
-        self._frame_shapes[frame] = [sizes.shape(t) for t in inputs]  # what a recompile must cover
-        graph = forward_ops_first(mark_parameters(graph, joint_module, static_lifetime_input_indices or []))
+        graph, value_of, n_fwd, shapes = self._remat_graph(joint_module, cost_model, frame, num_fwd_outputs,
+                                                           static_lifetime_input_indices)
+        self._frame_shapes[frame] = shapes  # what a recompile must cover
         self.plans = [p for p in self.plans if p.compile_id.split("/")[0] != frame]  # a recompile
-        budget = self.budget if self.percent else graph_budget(self.budget, [p.footprint for p in self.plans])
+        budget = self._graph_budget()
+        if self._auto_budget is not None:  # split="auto" resolved a percentage against the unsplit graph
+            budget = self._auto_budget
         if not self.percent and budget <= 0:
             raise ValueError(f"the graphs before this one already hold {self.budget - budget} bytes of a "
                              f"{self.budget}-byte step budget: raise the budget or remove graph breaks")
@@ -372,6 +399,110 @@ class RematBackend:
         return fw, bw
 
     @staticmethod
+    def _prepare_joint(joint_module: torch.fx.GraphModule) -> None:
+        """What the joint graph gets before it is read: CSE, as torch's partitioners do first
+        (one graph to plan and to seed from), and batch norm's backward untied, as capture() does."""
+        if functorch_config.cse:
+            joint_module.graph = fx_graph_cse(joint_module.graph)
+            joint_module.recompile()
+        untie_batch_norm_backward(joint_module)
+
+    def _remat_graph(self, joint_module: torch.fx.GraphModule, cost_model: CostModel, frame: str,
+                     num_fwd_outputs: int, static: list[int]):
+        """The joint graph as a `RematGraph` to plan: (graph, value_of, forward outputs, the input
+        shapes it was sized at)."""
+        inputs = _tensor_inputs(joint_module)
+        sizes = SymbolSizes(_at_least(inputs, self._frame_shapes.get(frame)))
+        try:
+            graph, value_of, n_fwd = build_remat_graph(joint_module, cost_model, f"graph{len(self.plans)}", sizes)
+        except CaptureError as err:
+            raise CaptureError(f"{err} (with torch.compile: pass dynamic=False)") from None
+        if n_fwd != num_fwd_outputs:
+            raise RewriteError(f"the joint graph's output descriptors name {n_fwd} forward outputs, "
+                               f"AOTAutograd {num_fwd_outputs}: this torch version is not supported")
+        graph = forward_ops_first(mark_parameters(graph, joint_module, static or []))
+        return graph, value_of, n_fwd, [sizes.shape(t) for t in inputs]
+
+    def _graph_budget(self, frame: str | None = None) -> int | str:
+        """This graph's budget: the percentage, or what the step's bytes leave it after the
+        graphs before it (`graph_budget`; ``frame``: leave out a recompiled frame's old plan)."""
+        if self.percent:
+            return self.budget
+        return graph_budget(self.budget, [p.footprint for p in self.plans if p.compile_id.split("/")[0] != frame])
+
+    # ------------------------------------------------------------ split="auto"
+    def _choose_split(self, gm: torch.fx.GraphModule, example_inputs: list, name: str,
+                      compile_id) -> GraphSplits:
+        """``split="auto"`` / ``split_mlp="auto"`` for one graph: plan every candidate with the
+        search ``optimize(split="auto")`` runs (`optimizer.planning.split_search`) and split
+        ``gm`` the way whose plan is cheapest and fits.
+
+        The plan is made inside AOTAutograd's partition function, for the joint graph of the
+        forward it is handed, so a candidate cannot be planned by the real compile. Each one is
+        split on a copy of ``gm`` and traced by AOTAutograd up to its partition function
+        (`_trace_joint`: the probe stops there, nothing compiles), and `search_splits` plans its
+        `RematGraph` at the graph's budget (a percentage resolved against the unsplit
+        candidate's store-all peak, as optimize() does). ``gm`` is then split the chosen way and
+        compiled as with an explicit ``split=k``; its partition function plans again, at the
+        bytes the search resolved (the same joint graph with the eager compiler; with Inductor the
+        joint graph after its joint-graph passes, and ``fit="inductor"`` then fits the chosen k).
+        Costs one AOTAutograd trace and plan per candidate (at most 7) before the real compile.
+        """
+        frame = str(compile_id.frame_id) if compile_id is not None else str(len(self._frames))
+        budget = self._graph_budget(frame)
+        if not self.percent and budget <= 0:  # the real compile's partition says why
+            return split_compiled_graph(gm, example_inputs, 1, 1, name) or GraphSplits()
+
+        def capture(k: int, m: int) -> _JointCandidate:
+            candidate = copy_graph_module(gm)
+            split_compiled_graph(candidate, example_inputs, k, m, name, auto=True,
+                                 head_required=len(self._heads) > 1 or not self._split_done["head"],
+                                 mlp_required=len(self._mlps) > 1 or not self._split_done["mlp"])
+            traced = self._trace_joint(candidate, example_inputs, frame)
+            if traced is None:
+                raise _NoBackward(f"{name} computes no gradient: nothing to plan")
+            return traced
+
+        def plan(candidate: _JointCandidate, budget_bytes: int) -> Plan:
+            return plan_graph(candidate.graph, budget_bytes, self.solver, self.options,
+                              graph_nodes=candidate.graph_nodes, allocator=self.allocator)
+
+        try:
+            choice = search_splits(capture, plan, budget, self._heads, self._mlps, self.allocator,
+                                   refused=RowSplitError)
+        except _NoBackward:  # compiled unsplit, unplanned, as any graph without a backward
+            return split_compiled_graph(gm, example_inputs, 1, 1, name) or GraphSplits()
+        k, m = choice.chunks
+        splits = split_compiled_graph(gm, example_inputs, k, m, name, head_required=False,
+                                      mlp_required=False) or GraphSplits()
+        self._auto_budget = choice.plan.budget_bytes
+        return dataclasses.replace(splits, chosen=choice.note)
+
+    def _trace_joint(self, gm: torch.fx.GraphModule, example_inputs: list, frame: str) -> _JointCandidate | None:
+        """AOTAutograd's joint graph of ``gm`` as a `RematGraph`, read by a partition function
+        that stops the compile (None: ``gm`` needs no backward, so AOTAutograd partitions nothing)."""
+        from torch._dynamo.backends.common import aot_autograd  # heavy: dynamo, imported only when torch.compile runs
+
+        def partition(joint_module, joint_inputs, *, num_fwd_outputs: int,
+                      static_lifetime_input_indices: list[int] | None = None, **_: Any):
+            cost_model = self._cost_model(joint_module)
+            self._prepare_joint(joint_module)
+            graph = self._remat_graph(joint_module, cost_model, frame, num_fwd_outputs,
+                                      static_lifetime_input_indices or [])[0]
+            raise _JointTraced(_JointCandidate(graph, len(joint_module.graph.nodes)))
+
+        def inference(*_: Any) -> Any:
+            raise _JointTraced(None)
+
+        try:
+            with functorch_config.patch(enable_autograd_cache=False):  # a cache hit would skip the probe
+                aot_autograd(fw_compiler=inference, bw_compiler=inference, partition_fn=partition)(gm, example_inputs)
+        except _JointTraced as traced:
+            return traced.candidate
+        raise RewriteError("AOTAutograd compiled a split candidate without calling the partition function: "
+                           "this torch version is not supported with split='auto'")
+
+    @staticmethod
     def _probe(pair, graph: RematGraph, num_fwd_outputs: int, static_inputs: list[int]) -> int | None:
         """The compiled peak of a candidate forward/backward pair (`probe_compiled_peak`)."""
         context = torch._guards.TracingContext.try_get()
@@ -398,7 +529,7 @@ class RematBackend:
         """This backend's planning as Inductor's partitioner, for the default backend:
         ``torch._inductor.config.custom_partitioner_fn = backend.partitioner()``. Refused with a
         split: the partitioner receives the joint graph, traced from the unsplit forward."""
-        if self.split > 1 or self.split_mlp > 1:
+        if self._heads != (1,) or self._mlps != (1,):
             raise ValueError("split and split_mlp rewrite the forward before AOTAutograd traces it, which "
                              "only the backend itself sees: use torch.compile(model, backend=backend)")
         return RematPartitioner(self)
@@ -517,8 +648,8 @@ def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float 
                   compiler: str = "auto", cost_model: str = "flops", fullgraph: bool = False,
                   threads: int = 1, allocator: AllocatorModel | None = None,
                   milp_engine: str = "auto", fit: str | None = None, fit_iterations: int = 4,
-                  fit_tolerance: float = 0.02, split: int | None = None,
-                  split_mlp: int | None = None) -> RematBackend:
+                  fit_tolerance: float = 0.02, split: int | str | None = None,
+                  split_mlp: int | str | None = None) -> RematBackend:
     """A backend for ``torch.compile(model, backend=remat_backend(budget="60%"))``.
 
     ``budget``: bytes of the whole training step as in `optimizer.optimize` (parameters,
@@ -535,6 +666,9 @@ def remat_backend(budget: int | str, *, solver: str = "auto", time_limit: float 
     on the graph dynamo hands over before AOTAutograd traces it (`frontends.compile_split`;
     ``backend.plans[i].splits`` says what was split); a chain the split refuses, or a graph with
     no such chain before any graph was split that way, raises `frontends.row_split.RowSplitError`.
+    ``split="auto"`` (``split_mlp="auto"``): each graph plans k = 1, 2, 4, 8 (then m = 2, 4, 8)
+    and is split the way whose plan is cheapest and fits, as ``optimize(split="auto")`` chooses;
+    a graph with no chain is compiled unsplit, and the plan's message names the choice.
     """
     return RematBackend(budget, solver=solver, time_limit=time_limit, compiler=compiler,
                         cost_model=cost_model, fullgraph=fullgraph, threads=threads,

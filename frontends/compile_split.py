@@ -20,10 +20,16 @@ split that way. Each graph dynamo hands over is split on its own, and a graph br
 the MLPs, or the loss, in one graph only (transformers' GPT-2 breaks inside its loss function,
 so its MLPs are in the first graph and its loss in the second): a later graph without a chain is
 compiled unsplit and says so (`GraphSplits.unsplit`), the first one raises.
+
+``split="auto"`` (and ``split_mlp="auto"``) is chosen per graph by `frontends.compile_backend`
+with `optimizer.planning.split_search` (the search ``optimize(split="auto")`` runs): each
+candidate is split on a copy of dynamo's graph (`copy_graph_module`), and a graph without the
+chain is compiled unsplit, its plan's message saying why.
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 import warnings
 from dataclasses import dataclass
@@ -36,6 +42,7 @@ from frontends.capture import CaptureError
 from frontends.export_passes import drop_identity_dropouts
 from frontends.mlp_split import MlpSplitError, MlpSplits, split_mlps
 from frontends.row_split import RowSplit, RowSplitError, find_heads, split_rows
+from optimizer.planning.split_search import SPLIT_CHOICES
 
 _BREAK_HINT = ("under torch.compile each graph dynamo hands the backend is split on its own, and a graph "
                "break before the chain, or between the head and its loss, leaves the first graph without "
@@ -52,33 +59,66 @@ class GraphSplits:
     """MLP chains split into row chunks (``split_mlp=m``)."""
     unsplit: tuple[str, ...] = ()
     """What was asked for and not found in this graph (an earlier graph was split that way)."""
+    chosen: str = ""
+    """``split="auto"``: the chunk counts chosen for this graph and what each candidate cost."""
+
+    @property
+    def chunks(self) -> tuple[int, int]:
+        """(head chunks, MLP chunks) this graph runs in (1: unsplit)."""
+        return (self.row_splits[0].chunks if self.row_splits else 1), self.mlp_splits.chunks
 
     def describe(self) -> str:
         return "; ".join(filter(None, (*(s.describe() for s in self.row_splits), self.mlp_splits.describe(),
-                                       *self.unsplit)))
+                                       *self.unsplit, self.chosen)))
 
 
-def check_backend_chunks(chunks: object, name: str) -> int:
-    """``chunks`` as a count (None: 1), checked before anything compiles. ``"auto"`` is refused:
-    it plans every candidate k, which `optimizer.optimize` does and a backend handed one graph at
-    a time cannot."""
+def check_backend_chunks(chunks: object, name: str) -> tuple[int, ...]:
+    """The chunk counts ``chunks`` asks for, checked before anything compiles: None -> (1,),
+    ``"auto"`` -> `SPLIT_CHOICES` (planned per graph), k -> (k,)."""
     if chunks is None:
-        return 1
+        return (1,)
     if chunks == "auto":
-        raise ValueError(f"{name}='auto' plans each chunk count with optimize(); remat_backend compiles "
-                         f"each graph once: give {name} a positive integer (or None)")
+        return SPLIT_CHOICES
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"{name} must be None or a positive integer number of row chunks, got {chunks!r}")
-    return chunks
+        raise ValueError(f"{name} must be None, 'auto' or a positive integer number of row chunks, "
+                         f"got {chunks!r}")
+    return (chunks,)
+
+
+def backend_split_choices(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(head counts, MLP counts) to plan, as `optimizer.app.split_plan` reads ``optimize``'s:
+    ``split="auto"`` with ``split_mlp`` None searches the MLPs too."""
+    heads = check_backend_chunks(split, "split")
+    if split_mlp is None and split == "auto":
+        return heads, SPLIT_CHOICES
+    return heads, check_backend_chunks(split_mlp, "split_mlp")
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of dynamo's ``gm`` to split and trace as one ``auto`` candidate: its own graph
+    (node metadata shallow-copied), and dynamo's placeholder attributes and module metadata,
+    which AOTAutograd reads to tell parameters from inputs."""
+    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    for ours, theirs in zip(gm.graph.find_nodes(op="placeholder"), copied.graph.find_nodes(op="placeholder")):
+        for attr, value in vars(ours).items():  # dynamo's own attributes (``_dynamo_source``)
+            if attr not in vars(theirs):
+                setattr(theirs, attr, value)
+    copied.meta = dict(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        copied._param_name_to_source = gm._param_name_to_source
+    return copied
 
 
 def split_compiled_graph(gm: torch.fx.GraphModule, example_inputs: list, rows: int, mlp: int,
                          graph_name: str = "the graph", *, head_required: bool = True,
-                         mlp_required: bool = True) -> GraphSplits | None:
+                         mlp_required: bool = True, auto: bool = False) -> GraphSplits | None:
     """Rewrite dynamo's ``gm`` in place so it runs its head + loss in ``rows`` and its MLPs in
     ``mlp`` row chunks; None (``gm`` untouched) when both are 1. ``head_required`` /
     ``mlp_required``: a graph without such a chain is an error (True until an earlier graph of
     the step was split that way); else it stays unsplit and `GraphSplits.unsplit` says so.
+
+    ``auto``: a candidate of ``split="auto"``, whose refusal the plan's message quotes (no
+    advice on the explicit split).
 
     Raises `RowSplitError` (`MlpSplitError` for the MLPs) where a split cannot be made, and
     `frontends.capture.CaptureError` where torch.export cannot re-trace dynamo's graph.
@@ -93,11 +133,13 @@ def split_compiled_graph(gm: torch.fx.GraphModule, example_inputs: list, rows: i
         mlps = split_mlps(forward, mlp)
     except MlpSplitError as err:
         if mlp_required:
-            raise MlpSplitError(f"{graph_name}: {err} ({_BREAK_HINT})") from None
+            raise MlpSplitError(f"{graph_name}: {err}" + ("" if auto else f" ({_BREAK_HINT})")) from None
         mlps = MlpSplits(())
         unsplit.append(f"MLPs of {graph_name} not split, earlier graphs' were ({err})")
     heads: tuple[RowSplit, ...] = ()
     if rows > 1 and not find_heads(forward):
+        if head_required and auto:
+            raise RowSplitError(f"{graph_name} has no linear -> cross_entropy / nll_loss chain to split")
         if head_required:
             raise RowSplitError(f"split={rows}: {graph_name} has no linear -> cross_entropy / nll_loss chain "
                                 f"to split ({_BREAK_HINT}); leave split at None")

@@ -3,7 +3,8 @@ head + loss and the MLPs of the graph dynamo hands over (`frontends.compile_spli
 AOTAutograd traces it. The compiled step is the same function (float64 loss, gradients and
 returned logits equal eager to 1e-10), its planned forward really runs the chunks, a plan fits
 below the smallest budget any unsplit schedule needs, and what cannot be split is refused with
-remat-opt's own error, never compiled unsplit.
+remat-opt's own error, never compiled unsplit. ``split="auto"`` plans every chunk count per graph
+and compiles the cheapest that fits (a graph without the chain unsplit, saying why).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 from frontends.compile_backend import inductor_available, remat_backend
 from frontends.mlp_split import MlpSplitError
 from frontends.row_split import RowSplitError
+from optimizer.ir.budget import resolve_budget
 from solvers.checkmate.min_budget import peak_lower_bound
 
 TOLERANCE = 1e-10
@@ -117,6 +119,64 @@ def test_a_compiled_split_plan_fits_below_the_unsplit_floor_and_runs_within_it()
     assert abs(measured.peak_bytes - plan.predicted_peak_bytes) <= max(0.02 * plan.predicted_peak_bytes, 4096)
 
 
+def test_split_auto_compiles_the_cheapest_chunk_count_that_fits():
+    """At a loose budget nothing is recomputed unsplit: k = 1, the search stops there. At half the
+    unsplit floor (a percentage: of the unsplit graph's store-all peak, as optimize() reads it)
+    only a split fits; the plan's message names the k chosen, and the compiled step equals eager
+    and runs within the budget."""
+    model, inputs = _wide_vocab()
+    loose = remat_backend("100%", compiler="eager", solver="greedy", split="auto", split_mlp=1)
+    _compiled_step(model, inputs, loose)
+    (unsplit,) = loose.plans
+    assert unsplit.splits.chunks == (1, 1) and not unsplit.plan.recomputed
+    assert "split='auto' chose 1 row chunk, " in unsplit.plan.message and "k=2" not in unsplit.plan.message
+    floor = peak_lower_bound(unsplit.graph)
+    store_all = unsplit.plan.store_all_peak_bytes
+    percent = f"{50 * floor / store_all:.4f}%"
+    budget = resolve_budget(percent, store_all)
+    assert budget < floor
+    torch._dynamo.reset()
+    backend = remat_backend(percent, compiler="eager", solver="greedy", split="auto", split_mlp=1)
+    compiled = torch.compile(clone(model), backend=backend, dynamic=False)
+    out, grads = train_step(compiled, inputs)
+    expected_out, expected = train_step(clone(model), inputs)
+    assert _relative(out[0], expected_out[0]) <= TOLERANCE
+    assert max_relative_error({n.removeprefix("_orig_mod."): g for n, g in grads.items()}, expected) <= TOLERANCE
+    (planned,) = backend.plans
+    k, mlp = planned.splits.chunks
+    assert k > 1 and mlp == 1 and planned.splits.row_splits[0].chunks == k
+    plan = planned.plan
+    assert plan.budget_bytes == budget and plan.predicted_peak_bytes <= budget
+    assert f"split='auto' chose {k} row chunks" in plan.message and "k=1: infeasible" in plan.message
+    assert f"lm_head + loss into {k} row chunks" in plan.message
+    assert _count(planned.forward_graph, aten._log_softmax.default) == k
+    with backend.meter.measuring() as measured:  # the compiled step, run: within the budget
+        train_step(compiled, inputs)
+    assert measured.peak_bytes <= budget
+    assert abs(measured.peak_bytes - plan.predicted_peak_bytes) <= max(0.02 * plan.predicted_peak_bytes, 4096)
+
+
+def test_split_auto_compiles_a_graph_without_the_chain_unsplit_and_says_why():
+    mixing = _Mixing().double()  # a head whose logits also feed a z-loss: the split refuses it
+    inputs = torch.randn(2, 5, 8, dtype=torch.float64), torch.randint(0, 30, (2, 5))
+    expected_out, expected = train_step(clone(mixing), inputs)
+    # greedy finds nothing at 90% of this tiny graph; the exact solver recomputes at k = 1, so k = 2 is tried
+    backend = remat_backend("90%", compiler="eager", solver="auto", split="auto", split_mlp=1)
+    out, grads = _compiled_step(mixing, inputs, backend)
+    assert _relative(out[0], expected_out[0]) <= TOLERANCE and max_relative_error(grads, expected) <= TOLERANCE
+    (planned,) = backend.plans
+    assert planned.splits.chunks == (1, 1) and not planned.splits.row_splits
+    assert "k=2: not split (" in planned.plan.message and "cannot chunk row by row" in planned.plan.message
+    torch._dynamo.reset()
+    mlp, mlp_inputs = load_example("mlp")  # no LM head at all (its MLPs searched too: split_mlp None)
+    backend = remat_backend("90%", compiler="eager", solver="greedy", split="auto")
+    _compiled_step(mlp, mlp_inputs, backend)
+    (planned,) = backend.plans
+    assert not planned.splits.row_splits
+    assert "has no linear -> cross_entropy / nll_loss chain to split" in planned.plan.message
+    assert "split='auto' chose 1 row chunk" in planned.plan.message
+
+
 class _Mixing(nn.Module):
     """A head whose logits also feed a z-loss (``logsumexp`` over them): not per-row chunkable."""
 
@@ -188,8 +248,8 @@ def test_after_a_graph_break_a_graph_without_the_chain_stays_unsplit_and_says_so
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"split": "auto"}, "plans each chunk count with optimize"),
-    ({"split_mlp": "auto"}, "plans each chunk count with optimize"),
+    ({"split": "x"}, "None, 'auto' or a positive integer"),
+    ({"split_mlp": "AUTO"}, "None, 'auto' or a positive integer"),
     ({"split": 0}, "positive integer"),
     ({"split": True}, "positive integer"),
     ({"split_mlp": 2.5}, "positive integer"),
@@ -204,6 +264,8 @@ def test_the_partitioner_alone_cannot_split():
     assert remat_backend("90%", compiler="eager").partitioner() is not None
     with pytest.raises(ValueError, match="backend=backend"):
         remat_backend("90%", compiler="eager", split=2).partitioner()
+    with pytest.raises(ValueError, match="backend=backend"):
+        remat_backend("90%", compiler="eager", split="auto").partitioner()
 
 
 class _Head(nn.Module):
@@ -239,4 +301,18 @@ def test_inductor_compiles_the_split_step():
     out, grads = _compiled_step(model, inputs, fitted)
     assert max_relative_error(grads, expected) <= TOLERANCE
     (planned,) = fitted.plans
+    assert planned.compiled_peak.predicted_peak_bytes <= planned.graph_budget_bytes
+
+
+@pytest.mark.skipif(not inductor_available(), reason="Inductor needs a C++ compiler")
+def test_inductor_fits_the_chunk_count_split_auto_chose():
+    """With fit="inductor" the unfused plans choose k, and the fit then fits that k."""
+    model = _Head().double()
+    inputs = torch.randn(4, 64, 16, dtype=torch.float64), torch.randint(0, 512, (4, 64))
+    _, expected = train_step(clone(model), inputs)
+    backend = remat_backend("60%", compiler="inductor", solver="greedy", split="auto", split_mlp=1, fit="inductor")
+    _, grads = _compiled_step(model, inputs, backend)
+    assert max_relative_error(grads, expected) <= TOLERANCE
+    (planned,) = backend.plans
+    assert planned.splits.chunks[0] > 1 and "k=1: infeasible" in planned.plan.message
     assert planned.compiled_peak.predicted_peak_bytes <= planned.graph_budget_bytes
