@@ -258,15 +258,30 @@ class _RegionCall:
             return self.inner(*args, **kwargs)
 
 
-class CheckpointedForward:
-    """The instance ``forward`` of a checkpointed module (a plain object, so ``deepcopy`` and
+class _InstanceForward:
+    """An instance ``forward`` set on a module by remat-opt (a plain object, so ``deepcopy`` and
     pickling of the model keep working: it refers to its module, not to a closure)."""
 
-    def __init__(self, module: torch.nn.Module, region: RegionPolicy, previous: Any) -> None:
+    def __init__(self, module: torch.nn.Module, previous: Any) -> None:
         self.module = module
-        self.region = region
         self.previous = previous
         """The instance ``forward`` the module had before (None: its class's)."""
+
+    def _original(self) -> Any:
+        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The wrapped forward's signature (Trainer and others inspect ``model.forward``)."""
+        return inspect.signature(self._original())
+
+
+class CheckpointedForward(_InstanceForward):
+    """The instance ``forward`` of a checkpointed module."""
+
+    def __init__(self, module: torch.nn.Module, region: RegionPolicy, previous: Any) -> None:
+        super().__init__(module, previous)
+        self.region = region
         self._save = {op: frozenset(idx) for op, idx in region.save}
         self._expected = dict(region.expected_ops)
         self._freeze = recomputes_batch_norm(region.save, region.expected_ops)
@@ -275,18 +290,10 @@ class CheckpointedForward:
         """Whether a split MLP runs inside (found at the first call: a module being deep-copied
         has no submodules yet)."""
 
-    def _target(self) -> Any:
-        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
-
     def _inner(self) -> Any:
         if self._splits is None:
             self._splits = bool(split_modules(self.module))
-        return _RegionCall(self._target()) if self._splits else self._target()
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        """The wrapped forward's signature (Trainer and others inspect ``model.forward``)."""
-        return inspect.signature(self._target())
+        return _RegionCall(self._original()) if self._splits else self._original()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inner = self._inner()
@@ -323,7 +330,7 @@ class CheckpointedForward:
         self.__init__(state["module"], state["region"], state["previous"])
 
 
-class ChunkedForward:
+class ChunkedForward(_InstanceForward):
     """The instance ``forward`` of a split MLP: the module's own forward on ``split.chunks``
     chunks of the input's flattened token rows, each chunk under a non-reentrant checkpoint that
     keeps nothing, the outputs concatenated. The wide intermediate then lives one chunk at a
@@ -336,19 +343,11 @@ class ChunkedForward:
     their own checkpoint."""
 
     def __init__(self, module: torch.nn.Module, split: SplitPolicy, previous: Any) -> None:
-        self.module = module
+        super().__init__(module, previous)
         self.split = split
-        self.previous = previous
-
-    def _inner(self) -> Any:
-        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self._inner())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self._inner()
+        inner = self._original()
         x = args[0] if len(args) == 1 and not kwargs else None
         if not (torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[-1] > 0):
             return inner(*args, **kwargs)
@@ -374,25 +373,14 @@ class ChunkedForward:
         self.__init__(state["module"], state["split"], state["previous"])
 
 
-class CacheOffForward:
+class CacheOffForward(_InstanceForward):
     """The root's instance ``forward`` when a config asks for a generation cache: training calls
     (grad enabled, ``model.training``) run with ``use_cache=False``, as Hugging Face's own
     gradient checkpointing does, since a cache filled in forward changes what the recomputation
     runs. Evaluation and generation are untouched."""
 
-    def __init__(self, module: torch.nn.Module, previous: Any) -> None:
-        self.module = module
-        self.previous = previous
-
-    def _inner(self) -> Any:
-        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self._inner())
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self._inner()
+        inner = self._original()
         if not (torch.is_grad_enabled() and self.module.training):
             return inner(*args, **kwargs)
         with cache_off_for_training(self.module, kwargs) as cache_off:
