@@ -179,7 +179,7 @@ def run(steps: int, args) -> list[str]:
                                          graph.base_cost)
         fits = [n for n in nested if n[0] <= plan.budget_bytes]
         best = min(fits, key=lambda n: n[1]) if fits else None
-        revolve = re.search(r"tried: .*\brevolve ([-\d.e+]+)", plan.message)
+        revolve = re.search(r"tried: .*\brevolve (\d[\d.e+-]*)", plan.message)  # '-': it found none
         on_graph = (f"{float(revolve[1]) / plan.step_time_s - 1:.3f}" if revolve
                     else "none fits")
         chosen = re.search(r"best: ([\w-]+)", plan.message)
