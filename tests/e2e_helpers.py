@@ -76,3 +76,18 @@ def measured_peak(module: torch.nn.Module, inputs: tuple) -> int:
 
 def clone(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
+
+
+def tiny_llama(intermediate_size: int):
+    """A 2-layer transformers Llama (64 wide, 4 heads, SDPA, vocab 128) in float64 train mode,
+    seeded, and token ids for it (batch 4, 32 tokens); skips the test without transformers."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=intermediate_size,
+                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                                      max_position_embeddings=64, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).double().train()
+    return model, torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))

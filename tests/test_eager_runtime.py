@@ -16,7 +16,7 @@ import json
 
 import pytest
 import torch
-from e2e_helpers import example_path, load_example, max_relative_error, measured_peak
+from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
 from frontends.eager_checkpoint import recomputes_batch_norm
@@ -415,14 +415,8 @@ def test_transformers_llama_predicted_peak_within_tolerance():
     never makes. (Before eager autograd's release points were modelled,
     `with_autograd_node_holds`, the prediction was 1.1% *below* the measurement: SwiGLU's
     ``MulBackward0`` holds both factors until both gradients exist.)"""
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
-                                      max_position_embeddings=64, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = LossAndLogits(transformers.LlamaForCausalLM(config).double().train())
-    ids = torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    llama, ids = tiny_llama(intermediate_size=128)
+    model = LossAndLogits(llama)
     plan = apply_checkpointing(model, (ids, ids), budget="85%", compare=False, time_limit=2)
     assert plan.regions and plan.predicted_peak_bytes <= plan.budget_bytes
     measured = measured_peak(model, (ids, ids))

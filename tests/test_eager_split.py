@@ -15,7 +15,7 @@ import copy
 
 import pytest
 import torch
-from e2e_helpers import example_path, load_example, max_relative_error, measured_peak
+from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
 from frontends.eager_checkpoint import (
@@ -252,15 +252,9 @@ def test_transformers_llama_swiglu_mlps_split():
     gradients equal the unsplit model's, and the prediction is within the eager tests' Llama
     tolerance (2.5%: traced, transformers builds causal masks that eager skips, see
     tests/test_eager_runtime.py)."""
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=512,
-                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
-                                      max_position_embeddings=64, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = LossOnly(transformers.LlamaForCausalLM(config).double().train())
+    llama, ids = tiny_llama(intermediate_size=512)
+    model = LossOnly(llama)
     reference = copy.deepcopy(model)
-    ids = torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))
     plan = apply_checkpointing(model, (ids, ids), budget="65%", split_mlp=4, compare=False, time_limit=2)
     assert {s.path for s in plan.splits} == {"model.model.layers.0.mlp", "model.model.layers.1.mlp"}
     measured = measured_peak(model, (ids, ids))
