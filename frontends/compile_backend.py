@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import inspect
 import os
 import types
@@ -185,7 +186,6 @@ class RematBackend:
                  split_mlp: int | str | None = None):
         self._heads, self._mlps = backend_split_choices(split, split_mlp)
         """Chunk counts to plan for the head and the MLPs (several: ``auto``, see `_choose_split`)."""
-        self.split, self.split_mlp = split or 1, split_mlp or 1
         self._graph_splits: GraphSplits | None = None
         """What `_compile` split in the graph being compiled (its `_partition` records it)."""
         self._auto_budget: int | None = None
@@ -631,16 +631,12 @@ class RematPartitioner(_partitioner_base()):
         depends on, including what earlier graphs hold (the budget split)."""
         from torch._inductor.custom_graph_pass import get_hash_for_files  # heavy: Inductor, imported only on its path
 
-        here = os.path.dirname(os.path.abspath(__file__))
-        root = os.path.dirname(here)
-        files = [os.path.join(here, f) for f in ("capture.py", "rewrite.py", "compile_backend.py",
-                                                 "dynamo_joint.py", "inductor_fit.py", "inductor_memory.py",
-                                                 "compile_split.py", "row_split.py", "mlp_split.py")]
-        files += [os.path.join(root, "optimizer", f) for f in ("planner.py", "simulator.py")]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        files = sorted(path for package in ("frontends", "optimizer", "solvers")  # all of it: no list to go stale
+                       for path in glob.glob(os.path.join(root, package, "**", "*.py"), recursive=True))
         b = self.backend
         settings = (b.budget, b.solver, b.options, b.cost_model_name, b.allocator,
-                    b.fit, b.fit_iterations, b.fit_tolerance, tuple(p.footprint for p in b.plans),
-                    b.split, b.split_mlp)
+                    b.fit, b.fit_iterations, b.fit_tolerance, tuple(p.footprint for p in b.plans))
         return get_hash_for_files(tuple(files)).hex() + repr(settings)
 
 

@@ -275,3 +275,13 @@ def test_inductor_prediction_counts_the_workspace_of_extern_kernels():
     assert planned.compiled_peak is not None and not planned.compiled_peak.unmeasured_kernels
     measured = _allocator_peak(compiled_model, compiled, (images,))
     assert 0 <= measured - planned.predicted_peak_bytes <= 64, (measured, planned.compiled_peak)
+
+
+def test_the_partitioners_cache_key_hashes_the_planning_code_and_the_settings():
+    """Inductor's FX graph cache asks ``custom_partitioner_fn.uuid()`` for its key: it must be
+    computable (it read files that had moved: FileNotFoundError) and change with what a plan
+    depends on."""
+    key = remat_backend("90%", compiler="eager").partitioner().uuid()
+    assert key == remat_backend("90%", compiler="eager").partitioner().uuid()
+    assert key != remat_backend("80%", compiler="eager").partitioner().uuid()
+    assert key != remat_backend("90%", compiler="eager", solver="greedy").partitioner().uuid()
