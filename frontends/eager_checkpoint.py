@@ -415,11 +415,10 @@ def apply_regions(model: torch.nn.Module, regions: tuple[RegionPolicy, ...],
     MLP runs its chunks under its own checkpoint)."""
     modules = dict(model.named_modules())
     missing = [r.path for r in regions if r.path not in modules]
-    missing += [s.path for s in splits if s.path not in modules]
     if missing:
         raise CheckpointPlanError(f"the plan names module {missing[0]!r}, which this model does not "
                                   "have; nothing was applied")
-    apply_splits(model, splits)
+    apply_splits(model, splits)  # checks its modules before it applies any
     for region in regions:
         module = modules[region.path]
         previous = module.__dict__.get("forward")
@@ -439,7 +438,7 @@ def split_modules(model: torch.nn.Module) -> dict[str, SplitPolicy]:
     found = {}
     for path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, (CheckpointedForward, CacheOffForward, ChunkedForward)):
+        while isinstance(wrapper, _InstanceForward):
             if isinstance(wrapper, ChunkedForward):
                 found[path] = wrapper.split
             wrapper = wrapper.previous
@@ -451,7 +450,7 @@ def remove_checkpointing(model: torch.nn.Module) -> int:
     count = 0
     for _path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, (CheckpointedForward, CacheOffForward, ChunkedForward)):
+        while isinstance(wrapper, _InstanceForward):
             if wrapper.previous is None:
                 del module.__dict__["forward"]
             else:
