@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 
+import pytest
 import torch
 
 from frontends.memory_tracker import track_live_memory
@@ -81,8 +82,6 @@ def clone(model: torch.nn.Module) -> torch.nn.Module:
 def tiny_llama(intermediate_size: int):
     """A 2-layer transformers Llama (64 wide, 4 heads, SDPA, vocab 128) in float64 train mode,
     seeded, and token ids for it (batch 4, 32 tokens); skips the test without transformers."""
-    import pytest
-
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=intermediate_size,
@@ -91,3 +90,4 @@ def tiny_llama(intermediate_size: int):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).double().train()
     return model, torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+

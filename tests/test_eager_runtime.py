@@ -42,6 +42,8 @@ from optimizer.planning.eager_plan import (
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PEAK_TOLERANCE = 0.02
 
 
@@ -87,14 +89,6 @@ class ToyNet(nn.Module):
 def toy_inputs(dtype: torch.dtype, batch: int = 256, d: int = 32) -> tuple:
     g = torch.Generator().manual_seed(1)
     return torch.randn(batch, d, generator=g, dtype=dtype), torch.randn(batch, d, generator=g, dtype=dtype)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

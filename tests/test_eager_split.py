@@ -36,16 +36,10 @@ from frontends.row_split import RowSplitError
 from optimizer.app.cli import main
 from solvers.base import InfeasibleBudgetError
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PEAK_TOLERANCE = 0.02  # as tests/test_eager_runtime.py
 GPT_MLPS = {"blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _grads(model: nn.Module, inputs: tuple, seed: int = 0):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,17 +14,10 @@ from frontends.model_file import load_model_file
 from frontends.remat_module import RematModule
 from optimizer.planning.planner import plan_graph
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 UNLIMITED = 10**12
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Two-thread ops stall for milliseconds when another process holds a core; one is steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("solver", ["store-all", "recompute-all"])
