@@ -390,7 +390,7 @@ def _saved_counts(forward: torch.fx.GraphModule, num_fwd_outputs: int) -> types.
 
 
 def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule,
-                             num_fwd_outputs: int) -> list[int] | None:
+                             counts: types.SimpleNamespace) -> list[int] | None:
     """The backward inputs AOTAutograd donates (saved activations no one else holds: Inductor may
     reuse their storage), computed as AOTAutograd does right after partitioning (None: off)."""
     from torch._functorch import config as functorch_config  # heavy: AOTAutograd, imported only on its path
@@ -398,7 +398,7 @@ def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.G
 
     if not functorch_config.donated_buffer:
         return None
-    return collect_bw_donated_buffer_idxs(forward, backward, _saved_counts(forward, num_fwd_outputs))
+    return collect_bw_donated_buffer_idxs(forward, backward, counts)
 
 
 def _backward_example_inputs(backward: torch.fx.GraphModule, forward_plan: WrapperMemoryPlan,
@@ -460,12 +460,13 @@ def probe_compiled_peak(forward: torch.fx.GraphModule, backward: torch.fx.GraphM
     bw_output.meta["user_visible_output_idxs"] = [
         i for i, out in enumerate(torch.utils._pytree.arg_tree_leaves(*bw_output.args))
         if isinstance(out, torch.fx.Node)]
-    donated = _donated_backward_inputs(forward, backward, num_fwd_outputs)
+    counts = _saved_counts(forward, num_fwd_outputs)  # read before Inductor's passes rewrite the forward
+    donated = _donated_backward_inputs(forward, backward, counts)
     fw = _buffer_plan_of(forward, _example_inputs(forward), is_backward=False,
                          static_input_idxs=static_input_idxs)
     if fw is None:
         return None
-    bw_inputs = _backward_example_inputs(backward, fw, _saved_counts(forward, num_fwd_outputs))
+    bw_inputs = _backward_example_inputs(backward, fw, counts)
     with _donating(donated):
         bw = _buffer_plan_of(backward, bw_inputs, is_backward=True,
                              static_input_idxs=range(count_tangents(backward)))
