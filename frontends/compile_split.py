@@ -42,7 +42,7 @@ from frontends.capture import CaptureError
 from frontends.export_passes import drop_identity_dropouts
 from frontends.mlp_split import MlpSplitError, MlpSplits, split_mlps
 from frontends.row_split import RowSplit, RowSplitError, find_heads, split_rows
-from optimizer.planning.split_search import SPLIT_CHOICES
+from optimizer.planning.split_search import split_choices
 
 _BREAK_HINT = ("under torch.compile each graph dynamo hands the backend is split on its own, and a graph "
                "break before the chain, or between the head and its loss, leaves the first graph without "
@@ -72,26 +72,17 @@ class GraphSplits:
                                        *self.unsplit, self.chosen)))
 
 
-def check_backend_chunks(chunks: object, name: str) -> tuple[int, ...]:
-    """The chunk counts ``chunks`` asks for, checked before anything compiles: None -> (1,),
-    ``"auto"`` -> `SPLIT_CHOICES` (planned per graph), k -> (k,)."""
-    if chunks is None:
-        return (1,)
-    if chunks == "auto":
-        return SPLIT_CHOICES
+def check_backend_chunks(chunks: object, name: str) -> int:
+    """``chunks`` if a positive int; a ValueError before anything compiles."""
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"{name} must be None, 'auto' or a positive integer number of row chunks, "
                          f"got {chunks!r}")
-    return (chunks,)
+    return chunks
 
 
 def backend_split_choices(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(head counts, MLP counts) to plan, as `optimizer.app.split_plan` reads ``optimize``'s:
-    ``split="auto"`` with ``split_mlp`` None searches the MLPs too."""
-    heads = check_backend_chunks(split, "split")
-    if split_mlp is None and split == "auto":
-        return heads, SPLIT_CHOICES
-    return heads, check_backend_chunks(split_mlp, "split_mlp")
+    """(head counts, MLP counts) to plan, read as ``optimize`` reads them (`split_choices`)."""
+    return split_choices(split, split_mlp, check_backend_chunks)
 
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

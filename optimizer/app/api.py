@@ -10,7 +10,7 @@ from frontends.capture import CapturedStep, capture
 from frontends.costed_capture import capture_with_costs
 from frontends.output_selection import check_outputs
 from frontends.remat_module import RematModule, ShapePolicy
-from optimizer.app.split_plan import check_split, chunks_of, mlp_choices, plan_with_split
+from optimizer.app.split_plan import check_split, chunks_of, plan_with_split
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes
 from optimizer.ir.plan import Plan
@@ -115,8 +115,7 @@ def _capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
     a malformed budget or split fails before the (slow) capture."""
     if not (isinstance(budget, str) and budget.strip().endswith("%")):
         parse_bytes(budget)
-    check_split(split)
-    mlp_choices(split, split_mlp)
+    check_split(split, split_mlp)
     check_outputs(outputs)
 
     def capture_split(chunks: int, mlp_chunks: int) -> CapturedStep:

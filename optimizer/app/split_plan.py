@@ -14,30 +14,24 @@ from frontends.capture import CapturedStep
 from frontends.row_split import RowSplitError, check_chunks
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.plan import Plan
-from optimizer.planning.split_search import SPLIT_CHOICES, Candidate, search_splits
+from optimizer.planning.split_search import SPLIT_CHOICES, Candidate, search_splits, split_choices
 
-__all__ = ["SPLIT_CHOICES", "Candidate", "check_split", "chunks_of", "mlp_choices", "plan_with_split"]
+__all__ = ["SPLIT_CHOICES", "Candidate", "check_split", "chunks_of", "plan_with_split"]
 
 
-def check_split(split: object, name: str = "split") -> tuple[int, ...]:
-    """The chunk counts ``split`` asks for: None -> (1,), ``"auto"`` -> `SPLIT_CHOICES`, k -> (k,)."""
-    if split is None:
-        return (1,)
-    if split == "auto":
-        return SPLIT_CHOICES
+def check_split(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(head counts, MLP counts) ``split`` and ``split_mlp`` ask for (see `split_choices`); a
+    ValueError for a bad one, before anything is captured."""
+    return split_choices(split, split_mlp, _check_chunks)
+
+
+def _check_chunks(chunks: object, name: str) -> int:
+    """`check_chunks`, as `optimize`'s ValueError: a bad argument, not a split that cannot be made."""
     try:
-        return (check_chunks(split),)
+        return check_chunks(chunks, name)
     except RowSplitError:
-        raise ValueError(f"{name} must be None, 'auto' or a positive number of row chunks, got {split!r}") \
+        raise ValueError(f"{name} must be None, 'auto' or a positive number of row chunks, got {chunks!r}") \
             from None
-
-
-def mlp_choices(split: object, split_mlp: object) -> tuple[int, ...]:
-    """The MLP chunk counts to plan: ``split_mlp``'s, or, when it is None, all of `SPLIT_CHOICES`
-    under ``split="auto"`` and none (1) otherwise."""
-    if split_mlp is None:
-        return SPLIT_CHOICES if split == "auto" else (1,)
-    return check_split(split_mlp, "split_mlp")
 
 
 def chunks_of(captured: CapturedStep) -> tuple[int, int]:
@@ -58,6 +52,6 @@ def plan_with_split(capture: Callable[[int, int], CapturedStep],
     plan's message. Raises the `InfeasibleBudgetError` naming the smallest budget any candidate
     needs when none fits.
     """
-    choice = search_splits(capture, plan, budget, check_split(split), mlp_choices(split, split_mlp), allocator,
-                           refused=RowSplitError)
+    heads, mlps = check_split(split, split_mlp)
+    choice = search_splits(capture, plan, budget, heads, mlps, allocator, refused=RowSplitError)
     return choice.captured, choice.plan

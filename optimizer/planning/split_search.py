@@ -14,7 +14,7 @@ What a capture is (`optimize`'s `CapturedStep`, the compile backend's joint grap
 dynamo graph) and which error says a split cannot be made (`frontends.row_split.RowSplitError`)
 belong to the frontends; this module only needs the capture's ``graph`` (a `RematGraph`) and is
 told the error type, so both `optimizer.app.split_plan` and `frontends.compile_backend` run the
-same search.
+same search, and read ``split`` / ``split_mlp`` the same way (`split_choices`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,27 @@ SPLIT_CHOICES = (1, 2, 4, 8)
 
 Candidate = tuple[int, int]
 """(head chunks, MLP chunks)."""
+
+
+def split_choices(split: object, split_mlp: object,
+                  check: Callable[[object, str], int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(head counts, MLP counts) to plan: None -> (1,), ``"auto"`` -> `SPLIT_CHOICES`, k ->
+    (``check(k, name)``,); ``split_mlp`` None searches the MLPs too under ``split="auto"``.
+
+    ``check`` is the caller's: `optimize` and the compile backend word a bad count their own way.
+    """
+    heads = _choices(split, "split", check)
+    if split_mlp is None and split == "auto":
+        return heads, SPLIT_CHOICES
+    return heads, _choices(split_mlp, "split_mlp", check)
+
+
+def _choices(chunks: object, name: str, check: Callable[[object, str], int]) -> tuple[int, ...]:
+    if chunks is None:
+        return (1,)
+    if chunks == "auto":
+        return SPLIT_CHOICES
+    return (check(chunks, name),)
 
 
 class _Captured(Protocol):
