@@ -122,8 +122,12 @@ def capture_graph(steps: int, cache: str | None):
             return pickle.load(f), math.nan
     torch.manual_seed(0)
     start = time.perf_counter()
-    graph = capture_with_costs(Loop(steps), (torch.randn(BATCH, WIDTH),), None).graph
+    captured = capture_with_costs(Loop(steps), (torch.randn(BATCH, WIDTH),), None)
+    graph = captured.graph
     seconds = time.perf_counter() - start
+    loop = captured.stitched_loop
+    print(f"captured {steps} steps in {seconds:.1f} s: "
+          f"{loop.describe() if loop else 'traced whole'}", flush=True)
     if path:
         os.makedirs(cache, exist_ok=True)
         with open(path, "wb") as f:

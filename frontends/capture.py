@@ -50,6 +50,7 @@ from frontends.hf_training import (
     explain_library_construct,
     explain_unsupported_value,
 )
+from frontends.joint_stitch import StitchedLoop, joint_of_long_loop
 from frontends.mlp_split import MlpSplits, split_mlps
 from frontends.output_selection import check_outputs, keep_only_losses
 from frontends.rng_replay import RNG_STATE_META, RNG_STATE_OP, add_rng_states, is_random_op, state_device_bytes
@@ -93,6 +94,9 @@ class CapturedStep:
     """Head-and-loss chains split into row chunks (``split_rows``, see `frontends.row_split`)."""
     mlp_splits: MlpSplits = MlpSplits(())
     """MLP chains split into row chunks (``split_mlp``, see `frontends.mlp_split`)."""
+    stitched_loop: StitchedLoop | None = None
+    """A long run of identical copies whose joint was written from short traces
+    (`frontends.joint_stitch`); None where the joint was traced whole."""
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -147,6 +151,7 @@ def capture(
     split_rows: int = 1,
     outputs: str = "all",
     split_mlp: int = 1,
+    stitch_loops: bool = True,
 ) -> CapturedStep:
     """Trace ``model(*args, **kwargs)`` and its backward into a `CapturedStep`.
 
@@ -163,6 +168,8 @@ def capture(
     ``outputs="loss"`` returns the scalar losses only, None in place of the other tensors
     (`frontends.output_selection`); ``"all"`` (default) returns everything. ``split_mlp=k > 1``
     runs each MLP (linear -> pointwise -> linear) in k chunks of token rows (`frontends.mlp_split`).
+    ``stitch_loops`` (default) writes the joint of a long run of identical copies from three
+    short traces where that is checked exact (`frontends.joint_stitch`); False traces it whole.
     """
     kwargs = dict(kwargs or {})
     check_grad_outputs(grad_outputs)
@@ -175,8 +182,8 @@ def capture(
     with cache_off_for_training(model, kwargs) as cache_off, forward_guards(  # both restore on exit
             model, tuple(args), cache_off.kwargs, python_side_effects, UnreplayableForwardError) as guard, \
             refuse_custom_functions(UnreplayableForwardError):  # their backward would be lost
-        joint, gradient_free, splits, mlps = _trace(model, tuple(args), cache_off.kwargs, grad_outputs,
-                                                    split_rows, outputs, split_mlp)
+        joint, gradient_free, splits, mlps, loop = _trace(model, tuple(args), cache_off.kwargs, grad_outputs,
+                                                          split_rows, outputs, split_mlp, stitch_loops)
         guard.check_graph(joint.graph_module)
     untie_batch_norm_backward(joint.graph_module)
     if replay_random:
@@ -195,11 +202,12 @@ def capture(
         notes=cache_off.notes + tuple(s.describe() for s in splits) + tuple(filter(None, [mlps.describe()])),
         row_splits=splits,
         mlp_splits=mlps,
+        stitched_loop=loop,
     )
 
 
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str, split_rows: int = 1,
-           outputs: str = "all", split_mlp: int = 1):
+           outputs: str = "all", split_mlp: int = 1, stitch_loops: bool = True):
     """torch.export, the forward passes of `frontends.export_passes` (and the row split of
     `frontends.row_split`), then AOTAutograd's joint.
 
@@ -230,13 +238,17 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str,
         splits = split_head_rows(forward, split_rows)  # before detaching: it reads the loss outputs
         gradient_free = detach_gradient_free_outputs(forward, grad_outputs)
         with contextlib.ExitStack() as stack, _use_lazy_graph_module(True):  # see _trace's note
+            stitched = joint_of_long_loop(stack, forward, tuple(args), kwargs) if stitch_loops else None
+            if stitched is not None:
+                joint, loop = stitched
+                return joint, gradient_free, splits, mlps, loop
             try:
                 joint = aot_export_joint_with_descriptors(
                     stack, forward, tuple(args), kwargs, _record_nn_module_stack=True
                 )
             except Exception as err:
                 raise CaptureError(_explain_trace_failure(err)) from err
-    return joint, gradient_free, splits, mlps
+    return joint, gradient_free, splits, mlps, None
 
 
 @contextlib.contextmanager
