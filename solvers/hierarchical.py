@@ -68,6 +68,11 @@ LONG_CHAIN_LP_SECONDS = 5.0
 (with less, HiGHS stops at the base cost, which `solvers.remat_bound.base_cost_bound` gives at
 once). At 1,000 steps (12k values) the LP takes 6.5-7.5 s with `LONG_CHAIN_SNAPSHOTS` and the
 primal simplex, against 14-25 s with 8 snapshots and the dual simplex (2 cores)."""
+LONG_CHAIN_LP_MAX_VALUES = 50_000
+"""On a long chain with a schedule, the bound LP is not built past this many values: at 10,000
+steps (120k values, 12 million coefficients) its build alone outlasts the default minute, and
+it ended at the base cost after spending its share (about 18 s); at 1,000 steps (12k values) it
+is solved in 6.5-7.5 s. Past the cap the base-cost bound comes at once."""
 LONG_CHAIN_LP_SHARE = 0.75
 """On a long chain the bound LP gets this share of the time the chain schedules left, its build
 included (at 10,000 steps the build alone outlasts a minute: it stops at the share's end): their
@@ -197,6 +202,9 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
         with progress.phase(f"lower bound (LP over {len(small.ops)} values)"):
             if long_chain and best.schedule is not None and bound_limit < LONG_CHAIN_LP_SECONDS:
                 bound = base_cost_bound(small, f"{max(bound_limit, 0.0):.0f} s left for the LP")
+            elif long_chain and best.schedule is not None and len(small.ops) > LONG_CHAIN_LP_MAX_VALUES:
+                bound = base_cost_bound(small, f"no LP over {len(small.ops):,} values "
+                                               f"(more than {LONG_CHAIN_LP_MAX_VALUES:,})")
             else:
                 # On a long chain the LP's build counts against its share too: at 10,000
                 # steps it alone outlasts a minute.

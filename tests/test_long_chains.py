@@ -288,6 +288,24 @@ def test_auto_proves_its_gap_on_a_long_chain_with_the_lp(monkeypatch) -> None:
     assert answer.gap is not None and answer.gap < 0.25
 
 
+def test_no_lp_is_built_past_the_value_cap(monkeypatch) -> None:
+    """Past `LONG_CHAIN_LP_MAX_VALUES` the bound is the base cost at once (at 10,000 steps the
+    LP's build outlasted its share and ended there anyway)."""
+    for module in (solvers.auto, solvers.hierarchical):
+        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
+    monkeypatch.setattr(solvers.hierarchical, "LONG_CHAIN_LP_MAX_VALUES", 100)
+
+    def no_lp(*args, **kwargs):
+        raise AssertionError("the bound LP was built past the cap")
+
+    monkeypatch.setattr(solvers.hierarchical, "lower_bound", no_lp)
+    graph = residual_chain(30)
+    low, high = _peaks(graph)
+    answer = solve_auto(graph, low + (high - low) // 10, SolverOptions(time_limit_s=10))
+    assert answer.schedule is not None
+    assert answer.bound == pytest.approx(sum(n.cost for n in graph.ops))
+
+
 def test_no_lp_solution_means_no_rounding(monkeypatch) -> None:
     """With the base-cost bound (no LP solution) there is no saved set to round: repairing an
     empty one would recompute every backward input from the inputs (quadratic on a chain)."""
