@@ -288,40 +288,33 @@ def test_auto_proves_its_gap_on_a_long_chain_with_the_lp(monkeypatch) -> None:
     assert answer.gap is not None and answer.gap < 0.25
 
 
-def test_no_lp_is_built_past_the_value_cap(monkeypatch) -> None:
-    """Past `LONG_CHAIN_LP_MAX_VALUES` the bound is the base cost at once (at 10,000 steps the
-    LP's build outlasted its share and ended there anyway)."""
-    for module in (solvers.auto, solvers.hierarchical):
-        monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
-    monkeypatch.setattr(solvers.hierarchical, "LONG_CHAIN_LP_MAX_VALUES", 100)
-
-    def no_lp(*args, **kwargs):
-        raise AssertionError("the bound LP was built past the cap")
-
-    monkeypatch.setattr(solvers.hierarchical, "lower_bound", no_lp)
-    graph = residual_chain(30)
-    low, high = _peaks(graph)
-    answer = solve_auto(graph, low + (high - low) // 10, SolverOptions(time_limit_s=10))
-    assert answer.schedule is not None
-    assert answer.bound == pytest.approx(sum(n.cost for n in graph.ops))
-
-
-def test_no_lp_solution_means_no_rounding(monkeypatch) -> None:
+@pytest.mark.parametrize("why", ["the LP ended at the base cost", "past the LP's value cap"])
+def test_no_lp_solution_means_no_rounding(monkeypatch, why: str) -> None:
     """With the base-cost bound (no LP solution) there is no saved set to round: repairing an
-    empty one would recompute every backward input from the inputs (quadratic on a chain)."""
+    empty one would recompute every backward input from the inputs (quadratic on a chain).
+    Past `LONG_CHAIN_LP_MAX_VALUES` the LP is not even built (at 10,000 steps its build outlasted
+    its share and ended at the base cost anyway)."""
     for module in (solvers.auto, solvers.hierarchical):
         monkeypatch.setattr(module, "LONG_CHAIN_STAGES", 16)
-    monkeypatch.setattr(solvers.hierarchical, "lower_bound",
-                        lambda graph, *a, **k: base_cost_bound(graph, "test: no LP"))
-
-    def no_repair(*args, **kwargs):
-        raise AssertionError("repair_saved_set ran without an LP solution to round")
-
-    monkeypatch.setattr(solvers.hierarchical, "repair_saved_set", no_repair)
+    if why == "past the LP's value cap":
+        monkeypatch.setattr(solvers.hierarchical, "LONG_CHAIN_LP_MAX_VALUES", 100)
+        bound = _refusing("the bound LP was built past the cap")
+    else:
+        bound = lambda graph, *a, **k: base_cost_bound(graph, "test: no LP")  # noqa: E731
+    monkeypatch.setattr(solvers.hierarchical, "lower_bound", bound)
+    monkeypatch.setattr(solvers.hierarchical, "repair_saved_set",
+                        _refusing("repair_saved_set ran without an LP solution to round"))
     graph = residual_chain(30)
     low, high = _peaks(graph)
     answer = solve_auto(graph, low + (high - low) // 10, SolverOptions(time_limit_s=10))
     assert answer.schedule is not None and "lp-rounding -" in answer.message
+    assert answer.bound == pytest.approx(sum(n.cost for n in graph.ops))
+
+
+def _refusing(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(what)
+    return refuse
 
 
 def _uneven_chain_at(fraction: float) -> tuple[RematGraph, int]:
