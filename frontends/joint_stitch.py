@@ -26,9 +26,11 @@ copy's ops in the order the Python loop and the autograd engine run them, and bo
 on the graph's structure, which is the same from one copy to the next; the recipe is the one
 rule that turns ``a`` into ``a + 1`` and ``a + 1`` into ``a + 2``, and every position it computes
 is affine in the copy number, so it is applied ``n - a`` times the same way. The tests and
-`benchmarks/loop_capture.py` compare the result with whole traces (40 to 1,000 steps). The inserted nodes get fresh FakeTensors in
-the joint's fake mode (views of the node whose storage their template shared), so
-`frontends.capture.build_remat_graph` sees one storage per copy, as in a full trace.
+`benchmarks/loop_capture.py` compare the result with whole traces (40 to 1,000 steps).
+
+The inserted nodes get fresh FakeTensors in the joint's fake mode (views of the node whose
+storage their template shared), so `frontends.capture.build_remat_graph` sees one storage per
+copy, as in a full trace.
 """
 
 from __future__ import annotations
