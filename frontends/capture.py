@@ -238,7 +238,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str,
         splits = split_head_rows(forward, split_rows)  # before detaching: it reads the loss outputs
         gradient_free = detach_gradient_free_outputs(forward, grad_outputs)
         with contextlib.ExitStack() as stack, _use_lazy_graph_module(True):  # see _trace's note
-            stitched = joint_of_long_loop(stack, forward, tuple(args), kwargs) if stitch_loops else None
+            stitched = joint_of_long_loop(forward, tuple(args), kwargs) if stitch_loops else None
             if stitched is not None:
                 joint, loop = stitched
                 return joint, gradient_free, splits, mlps, loop

@@ -81,11 +81,12 @@ class StitchedLoop:
                 f"traced as {self.traced}, {self.traced + 1} and {self.traced + 2} copies and written out")
 
 
-def joint_of_long_loop(stack: contextlib.ExitStack, forward: torch.fx.GraphModule, args: tuple,
-                       kwargs: dict):
+def joint_of_long_loop(forward: torch.fx.GraphModule, args: tuple, kwargs: dict):
     """(AOTAutograd's joint of ``forward``, `StitchedLoop`) written from three short traces, or
     None where ``forward`` has no long run or the stitch is not checked exact (the caller then
-    traces it whole). ``stack`` keeps the returned joint's tracing state, as for a full trace."""
+    traces it whole). Each short trace closes its own contexts (AOTAutograd enters its fake
+    mode, among others, into the stack it is given) before the next starts, so nothing of them
+    is active in a whole trace after a fallback."""
     run = find_repeated_run(forward.graph)
     if run is None or run.count * run.period < MIN_COVER * len(forward.graph.nodes):
         return None
@@ -94,17 +95,18 @@ def joint_of_long_loop(stack: contextlib.ExitStack, forward: torch.fx.GraphModul
         shorts = [collapse_run(forward, run, KEEP_FRONT + k) for k in range(3)]
     except NotRepeated:
         return None
-    with contextlib.ExitStack() as spare:
-        try:
-            joints = [aot_export_joint_with_descriptors(stack if k == 0 else spare, short, tuple(args), kwargs,
-                                                        _record_nn_module_stack=True)
-                      for k, short in enumerate(shorts)]
-        except Exception:  # noqa: BLE001 - the whole trace runs instead and reports its own error
-            return None
-        try:
-            recipe = learn_stitch([joint.graph_module for joint in joints])
-        except NotRepeated:
-            return None
+    joints = []
+    for short in shorts:
+        with contextlib.ExitStack() as own:
+            try:
+                joints.append(aot_export_joint_with_descriptors(own, short, tuple(args), kwargs,
+                                                                _record_nn_module_stack=True))
+            except Exception:  # noqa: BLE001 - the whole trace runs instead and reports its own error
+                return None
+    try:
+        recipe = learn_stitch([joint.graph_module for joint in joints])
+    except NotRepeated:
+        return None
     joint = joints[0]
     joint.graph_module = stitch(joint.graph_module, recipe, run.count - traced, joint.fake_mode)
     return joint, StitchedLoop(run.count, traced, run.period)

@@ -16,6 +16,7 @@ from e2e_helpers import max_relative_error, measured_peak, train_step
 from torch import nn
 
 import frontends.capture
+import frontends.joint_stitch
 from frontends.capture import capture
 from frontends.joint_stitch import canonical_form, joint_of_long_loop
 from frontends.repeated_body import NotRepeated, collapse_run, find_repeated_run
@@ -110,6 +111,25 @@ def test_a_loop_whose_end_reads_an_early_step_is_traced_whole() -> None:
     whole, stitched = _whole_and_stitched(model, torch.randn(4, 8))
     assert stitched.stitched_loop is None
     assert canonical_form(stitched.gm) == canonical_form(whole.gm)
+
+
+def test_a_stitch_that_fails_its_check_leaves_the_whole_trace_as_it_would_be(monkeypatch) -> None:
+    """The short joints were traced (each in its own contexts) and then no recipe reproduced
+    them: the whole trace runs after them and is the same as without them."""
+    torch.manual_seed(0)
+    model = Residual(nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
+    whole = capture(model, (torch.randn(4, 8),), stitch_loops=False)
+
+    def no_recipe(joints):
+        assert len(joints) == 3
+        raise NotRepeated("test: no recipe")
+
+    monkeypatch.setattr(frontends.joint_stitch, "learn_stitch", no_recipe)
+    torch.manual_seed(0)
+    fallback = capture(model, (torch.randn(4, 8),))
+    assert fallback.stitched_loop is None
+    assert canonical_form(fallback.gm) == canonical_form(whole.gm)
+    assert _same_ir(fallback, whole)
 
 
 def test_the_repeated_run_is_found_and_cut_to_the_copies_asked_for() -> None:
