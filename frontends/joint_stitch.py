@@ -196,12 +196,7 @@ def _first_backward(nodes: list[torch.fx.Node]) -> int:
 
 
 def _forward_run(gm: torch.fx.GraphModule, boundary: int, period: int) -> tuple[int, int]:
-    codes = np.asarray(node_codes(gm.graph), dtype=np.int64)[:boundary]
-    start, length = longest_true_stretch(codes[:-period] == codes[period:])
-    count = (length + period) // period
-    if count < 3:
-        raise NotRepeated("the forward of the short joint has no run of three periods")
-    return start, count
+    return _periodic_run(np.asarray(node_codes(gm.graph), dtype=np.int64)[:boundary], period, "forward")
 
 
 def _backward_run(gm: torch.fx.GraphModule, boundary: int, period: int,
@@ -218,19 +213,25 @@ def _backward_run(gm: torch.fx.GraphModule, boundary: int, period: int,
             return f"#{j}"
         return f"-{i - j}"
 
-    codes = np.asarray(node_codes(gm.graph, ref_text), dtype=np.int64)[boundary:]
+    start, count = _periodic_run(np.asarray(node_codes(gm.graph, ref_text), dtype=np.int64)[boundary:],
+                                 period, "backward")
+    return boundary + start, count
+
+
+def _periodic_run(codes: np.ndarray, period: int, section: str) -> tuple[int, int]:
+    """(start, copies) of the longest stretch of ``codes`` repeating every ``period``."""
     start, length = longest_true_stretch(codes[:-period] == codes[period:])
     count = (length + period) // period
     if count < 3:
-        raise NotRepeated("the backward of the short joint has no run of three periods")
-    return boundary + start, count
+        raise NotRepeated(f"the {section} of the short joint has no run of three periods")
+    return start, count
 
 
 def fake_mode_of(gm: torch.fx.GraphModule):
     """The FakeTensorMode of the joint's values (the inserted copies get theirs from it)."""
     for node in gm.graph.nodes:
         for leaf in flat_leaves(node.meta.get("val")):
-            if isinstance(leaf, torch._subclasses.fake_tensor.FakeTensor):
+            if isinstance(leaf, FakeTensor):
                 return leaf.fake_mode
     raise NotRepeated("the joint carries no fake values")
 
@@ -240,18 +241,16 @@ def canonical_form(gm: torch.fx.GraphModule) -> list[tuple]:
     layout with the first node holding each storage, sequence number (from the graph's least)."""
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    seqs = [n.meta.get("seq_nr") for n in nodes if n.meta.get("seq_nr") is not None]
-    least = min(seqs, default=0)
-    owner: dict[StorageWeakRef, tuple[int, int]] = {}
+    least = _least_sequence(nodes)
+    owner = _storage_owners(nodes)
     form = []
     for i, node in enumerate(nodes):
         args = repr(torch.fx.node.map_arg((node.args, node.kwargs), lambda a: f"#{position[a]}"))
         leaves = []
         for k, leaf in enumerate(flat_leaves(node.meta.get("val"))):
             if isinstance(leaf, torch.Tensor):
-                first = owner.setdefault(StorageWeakRef(leaf.untyped_storage()), (i, k))
                 leaves.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype,
-                               str(leaf.device), leaf.untyped_storage().nbytes(), first))
+                               str(leaf.device), leaf.untyped_storage().nbytes(), owner[(i, k)]))
             else:
                 leaves.append(repr(leaf))
         seq = node.meta.get("seq_nr")
@@ -265,7 +264,7 @@ class _Layout:
     """Where each node of the short joint lands when ``extra`` copies are inserted."""
 
     def __init__(self, recipe: StitchRecipe, extra: int):
-        self.r, self.extra = recipe, extra
+        self.r = recipe
         self.fwd_end = recipe.forward_start + recipe.forward_period * recipe.forward_count
         self.bwd_end = recipe.backward_start + recipe.backward_period * recipe.backward_count
         self.fwd_shift = extra * recipe.forward_period
@@ -342,7 +341,8 @@ def stitch(gm: torch.fx.GraphModule, recipe: StitchRecipe, extra: int, fake_mode
         if node.meta.get("seq_nr") is not None:
             copied.meta["seq_nr"] = seq_of(p)
         if _views_moved_storage(nodes, p, owner, layout):  # a view of an inserted copy's value
-            copied.meta["val"] = _fresh_value(nodes, p, owner, lambda q: made[layout.outer(p, q)], fake_mode)
+            plan = _value_plan(nodes, p, owner, lambda q: (layout.outer(p, q), 0))
+            copied.meta["val"] = _make_value(node.meta.get("val"), plan, made, 1, fake_mode)
         made.append(copied)
 
     def insert_copies(template: range, where, seq_base) -> None:
@@ -377,11 +377,8 @@ class _Template:
     at: int
     at_step: int
     reads: tuple[tuple[int, int], ...]
-    leaves: tuple[tuple, ...]
-    """Per value leaf: ("keep", x) for a non-tensor, ("fresh", leaf) for a storage of its own,
-    ("own", k, leaf, same) for a view of its own leaf k, ("of", (c, s), k, leaf, same) for a view
-    of leaf k of the node at c + (t-1) s; ``same``: the template held that very tensor (a getitem
-    of a multi-output op), not a view of it."""
+    value: tuple[tuple, ...]
+    """How copy t's value is built (`_value_plan`)."""
     seq: int | None
     seq_step: int | None
 
@@ -400,26 +397,9 @@ class _Template:
         for c, s in reads:  # affine in t: before the node at the first and the last copy is always
             if c >= at or c + last * s >= at + last * at_step:
                 raise NotRepeated(f"a copy of {node.name} would read a node made after it")
-        val = node.meta.get("val")
-        template_leaves = flat_leaves(val)
-        if template_leaves and not isinstance(val, torch.Tensor) and not (
-                isinstance(val, (tuple, list)) and len(val) == len(template_leaves)):
-            raise NotRepeated(f"{node.name}'s value is nested ({type(val).__name__})")
-        leaves: list[tuple] = []
-        for k, leaf in enumerate(template_leaves):
-            if not isinstance(leaf, torch.Tensor):
-                leaves.append(("keep", leaf))
-                continue
-            q, k2 = owner[(p0, k)]
-            same = leaf is flat_leaves(nodes[q].meta.get("val"))[k2]
-            if (q, k2) == (p0, k):
-                leaves.append(("fresh", leaf))
-            elif q == p0:
-                leaves.append(("own", k2, leaf, same))
-            else:
-                leaves.append(("of", affine(q), k2, leaf, same))
+        value = _value_plan(nodes, p0, owner, affine)
         step = _step(nodes, p0, period)
-        return cls(node, _base_name(node.name), at, at_step, tuple(reads), tuple(leaves),
+        return cls(node, _base_name(node.name), at, at_step, tuple(reads), value,
                    seq_base if step is not None else None, step)
 
     def make(self, graph: torch.fx.Graph, made: list[torch.fx.Node], t: int, fake_mode) -> torch.fx.Node:
@@ -430,27 +410,7 @@ class _Template:
         new_args, new_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda _: next(args))
         copy = graph.create_node(node.op, node.target, new_args, new_kwargs, name=self.name)
         copy.meta = dict(node.meta)
-        fresh: list = []
-        for leaf in self.leaves:
-            kind = leaf[0]
-            if kind == "keep":
-                fresh.append(leaf[1])
-                continue
-            if kind == "fresh":
-                fresh.append(_new_storage(leaf[1], fake_mode))
-                continue
-            if kind == "own":
-                _, k2, template, same = leaf
-                base = fresh[k2]
-            else:
-                _, (c, s), k2, template, same = leaf
-                base = flat_leaves(made[c + (t - 1) * s].meta["val"])[k2]
-            fresh.append(base if same else _view(base, template, fake_mode))
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            copy.meta["val"] = fresh[0]
-        elif fresh:
-            copy.meta["val"] = type(val)(fresh)
+        copy.meta["val"] = _make_value(node.meta.get("val"), self.value, made, t, fake_mode)
         if self.seq_step is not None:
             copy.meta["seq_nr"] = self.seq + t * self.seq_step
         return copy
@@ -497,34 +457,56 @@ def _storage_owners(nodes: list[torch.fx.Node]) -> dict[tuple[int, int], tuple[i
     return owner
 
 
-def _fresh_value(nodes: list[torch.fx.Node], p0: int, owner, new_node_at, fake_mode):
-    """The inserted node's value: its template's layout on a storage of its own, or a view of
-    the inserted (or outer) node whose storage its template viewed (the very same tensor where
-    the template held the very same one, as a getitem of a multi-output op does)."""
+def _value_plan(nodes: list[torch.fx.Node], p0: int, owner, locate) -> tuple[tuple, ...]:
+    """How to build a copy of node p0's value, per leaf: ("keep", x) for a non-tensor, ("fresh",
+    leaf) for a storage of its own, ("own", k, leaf, same) for a view of its own leaf k, ("of", (c,
+    s), k, leaf, same) for a view of leaf k of the node at ``made[c + (t-1) s]`` (``locate(q)``
+    gives (c, s) for the node at q). ``same``: the template held that very tensor (a getitem of a
+    multi-output op), not a view of it."""
     node = nodes[p0]
     val = node.meta.get("val")
     leaves = flat_leaves(val)
-    fresh: list = []
+    if leaves and not isinstance(val, torch.Tensor) and not (
+            isinstance(val, (tuple, list)) and len(val) == len(leaves)):
+        raise NotRepeated(f"{node.name}'s value is nested ({type(val).__name__})")
+    plan: list[tuple] = []
     for k, leaf in enumerate(leaves):
         if not isinstance(leaf, torch.Tensor):
-            fresh.append(leaf)
+            plan.append(("keep", leaf))
             continue
         q, k2 = owner[(p0, k)]
+        same = leaf is flat_leaves(nodes[q].meta.get("val"))[k2]
         if (q, k2) == (p0, k):
-            fresh.append(_new_storage(leaf, fake_mode))
-            continue
-        base = fresh[k2] if q == p0 else flat_leaves(new_node_at(q).meta["val"])[k2]
-        if leaf is flat_leaves(nodes[q].meta.get("val"))[k2]:
-            fresh.append(base)
+            plan.append(("fresh", leaf))
+        elif q == p0:
+            plan.append(("own", k2, leaf, same))
         else:
-            fresh.append(_view(base, leaf, fake_mode))
+            plan.append(("of", locate(q), k2, leaf, same))
+    return tuple(plan)
+
+
+def _make_value(val, plan: tuple[tuple, ...], made: list[torch.fx.Node], t: int, fake_mode):
+    """Copy t of ``val`` built by ``plan`` (`_value_plan`): fresh FakeTensors, or views of the
+    nodes whose storage the template viewed."""
+    fresh: list = []
+    for leaf in plan:
+        kind = leaf[0]
+        if kind == "keep":
+            fresh.append(leaf[1])
+            continue
+        if kind == "fresh":
+            fresh.append(_new_storage(leaf[1], fake_mode))
+            continue
+        if kind == "own":
+            _, k2, template, same = leaf
+            base = fresh[k2]
+        else:
+            _, (c, s), k2, template, same = leaf
+            base = flat_leaves(made[c + (t - 1) * s].meta["val"])[k2]
+        fresh.append(base if same else _view(base, template, fake_mode))
     if isinstance(val, torch.Tensor):
         return fresh[0]
-    if isinstance(val, (tuple, list)) and len(val) == len(fresh):
-        return type(val)(fresh)
-    if not leaves:
-        return val
-    raise NotRepeated(f"{node.name}'s value is nested ({type(val).__name__})")
+    return type(val)(fresh) if fresh else val
 
 
 def _new_storage(leaf: torch.Tensor, fake_mode) -> torch.Tensor:

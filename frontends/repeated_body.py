@@ -140,8 +140,7 @@ def collapse_run(gm: torch.fx.GraphModule, run: RepeatedRun, keep_front: int,
     nodes = list(gm.graph.nodes)
     removed = (run.count - keep_front - keep_back) * run.period
     cut_start = run.start + keep_front * run.period
-    cut_end = cut_start + removed
-    last_kept_back = run.end - keep_back * run.period
+    cut_end = cut_start + removed  # where the last keep_back copies start
     position = {node: i for i, node in enumerate(nodes)}
     graph = torch.fx.Graph()
     graph._codegen = gm.graph._codegen
@@ -150,25 +149,21 @@ def collapse_run(gm: torch.fx.GraphModule, run: RepeatedRun, keep_front: int,
     def ref_for(p: int):
         def ref(arg: torch.fx.Node) -> torch.fx.Node:
             q = position[arg]
-            if p < cut_end or q < run.start:
+            if p < cut_end or q < run.start or q >= cut_end:
                 return new[q]
-            if q >= cut_end:
-                return new[q]
-            if q >= cut_start:  # inside the cut: the same distance back from the copy after it
-                mapped = q - removed
-                if p >= run.end and q < last_kept_back or mapped < run.start:
-                    raise NotRepeated(f"{nodes[p].name} reads {arg.name}, {p - q} nodes back across the run")
-                return new[mapped]
-            raise NotRepeated(f"{nodes[p].name} reads {arg.name}, a copy before the cut, from after it")
+            if q < cut_start:
+                raise NotRepeated(f"{nodes[p].name} reads {arg.name}, a copy before the cut, from after it")
+            if q - removed < run.start:  # inside the cut: the same distance back from the copy after it
+                raise NotRepeated(f"{nodes[p].name} reads {arg.name}, {p - q} nodes back across the run")
+            return new[q - removed]
         return ref
 
     for p, node in enumerate(nodes):
         if cut_start <= p < cut_end:
             continue
-        if p >= run.end and any(run.start <= position[a] < last_kept_back for a in node.all_input_nodes):
+        if p >= run.end and any(run.start <= position[a] < cut_end for a in node.all_input_nodes):
             raise NotRepeated(f"{node.name} (after the run) reads a copy other than the last {keep_back}")
-        copied = graph.node_copy(node, ref_for(p))
-        new[p] = copied
+        new[p] = graph.node_copy(node, ref_for(p))
     short = _make_graph_module(gm, graph)
     _check_same_state(gm, short)
     return short
