@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
+from frontends.torch_compat import call_function_apply
+
 
 def _is_users(cls: type) -> bool:
     module = getattr(cls, "__module__", "") or ""
@@ -43,7 +45,7 @@ def refuse_custom_functions(error: type[Exception]) -> Iterator[None]:
                 "whose backward the captured graph cannot keep (torch.export traces its forward "
                 "only, so the gradient would silently be the forward's derivative): plan this model "
                 "with torch.compile(model, backend=remat_backend(...)), which keeps custom Functions")
-        return original.__func__(cls, *args, **kwargs)
+        return call_function_apply(original, cls, *args, **kwargs)
 
     torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign]
     try:

@@ -28,6 +28,8 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
+from frontends.torch_compat import detect_fake_mode, fake_like_mode
+
 RNG_STATE_META = "remat_rng_state"
 """fx meta key on a random op: the name of the node holding the state it replays."""
 
@@ -122,6 +124,8 @@ def add_rng_states(gm: fx.GraphModule) -> int:
         if (node.op == "placeholder" and desc == "TangentAOTInput") or any(
                 a in backward for a in node.all_input_nodes):
             backward.add(node)
+    fake_mode = detect_fake_mode([n.meta["val"] for n in graph.nodes
+                                  if isinstance(n.meta.get("val"), torch.Tensor)])
     added = 0
     for node in list(graph.nodes):
         if not is_random_op(node) or node in backward or node.meta.get("partitioner_tag") == "is_backward":
@@ -133,7 +137,7 @@ def add_rng_states(gm: fx.GraphModule) -> int:
             state = graph.create_node("call_function", RNG_STATE_OP, (device,), name=f"{node.name}_rng_state")
         state.meta = {key: node.meta[key] for key in ("stack_trace", "nn_module_stack", "seq_nr",
                                                        "partitioner_tag") if key in node.meta}
-        state.meta["val"] = _rng_state_fake(device)
+        state.meta["val"] = fake_like_mode(fake_mode, lambda: _rng_state_fake(device))
         node.meta[RNG_STATE_META] = state.name
         added += 1
     if added:

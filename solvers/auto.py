@@ -17,13 +17,13 @@ The answer is never worse than the best heuristic, and always simulated by the p
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import time
 
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
 from solvers import get_solver
+from solvers.backends import cp_sat_backend
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, recompute_all_within_cap, store_all_schedule
 from solvers.checkmate.contract import SEED_HEURISTICS as HEURISTICS
@@ -46,7 +46,7 @@ def exact_engine(options: SolverOptions) -> str:
         return options.milp_engine
     if highs_available():
         return "highs"
-    if importlib.util.find_spec("ortools") is not None:
+    if cp_sat_backend().module is not None:
         return "cpsat"
     return "cbc"
 

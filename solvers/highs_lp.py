@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solvers.backends import highspy_backend
 from solvers.base import stdout_silenced
 
 
@@ -21,6 +22,8 @@ class LpStatus(enum.Enum):
     INFEASIBLE = "infeasible"
     TIME_LIMIT = "time limit"
     OTHER = "other"
+    UNAVAILABLE = "HiGHS could not be loaded"
+    """highspy failed to load in this process (`solvers.backends`, which warned once)."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,9 @@ class LinearProgram:
               primal_simplex: bool = False) -> LpSolution:
         """``primal_simplex``: HiGHS's primal simplex instead of its default dual simplex (about
         2x faster on the bound LP of a long chain, benchmarks/long_chains.md)."""
-        import highspy  # optional: highspy (HiGHS)
-
+        highspy = highspy_backend().module
+        if highspy is None:
+            return LpSolution(LpStatus.UNAVAILABLE, None, None, None)
         with stdout_silenced():
             h = highspy.Highs()
         h.setOptionValue("output_flag", False)

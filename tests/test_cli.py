@@ -143,11 +143,10 @@ def test_unknown_device_is_a_usage_error(capsys):
 
 
 def test_missing_solver_back_end_gives_an_install_hint(monkeypatch, capsys):
-    import importlib.util
+    import solvers.checkmate.milp_engines as engines
+    from solvers.backends import Backend
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name == "highspy" else real_find_spec(name, *a, **k))
+    monkeypatch.setattr(engines, "highspy_backend", lambda: Backend(None, None))  # as if not installed
     code = main([example_path("mlp"), "--budget", "85%", "--solver", "milp", "--milp-engine", "highs"])
     assert code == EXIT_SOLVER
     err = capsys.readouterr().err.strip().splitlines()

@@ -102,19 +102,16 @@ def test_same_graph_budget_and_options_give_the_same_schedule(label):
 
 # ------------------------------------------------ auto: what is installed, never worse
 def test_auto_uses_the_first_installed_exact_back_end(monkeypatch):
-    import importlib.util as util
-
     import solvers.auto as auto
     from solvers.auto import exact_engine
+    from solvers.backends import Backend
 
-    find_spec = util.find_spec
     monkeypatch.setattr(auto, "highs_available", lambda: True)
     assert exact_engine(SolverOptions()) == "highs"
     assert exact_engine(SolverOptions(milp_engine="cbc")) == "cbc"
     monkeypatch.setattr(auto, "highs_available", lambda: False)
     assert exact_engine(SolverOptions()) == "cpsat"
-    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "ortools"
-                        else find_spec(name, *a))
+    monkeypatch.setattr(auto, "cp_sat_backend", lambda: Backend(None, "clash"))
     assert exact_engine(SolverOptions()) == "cbc"
 
 

@@ -41,6 +41,7 @@ import time
 
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
+from solvers.backends import cp_sat_backend
 from solvers.base import (
     SolveResult,
     SolverOptions,
@@ -64,7 +65,9 @@ BACKEND = "cp-sat"
 
 def _require_ortools() -> None:
     if cp_model is None:
-        raise SolverUnavailableError("the CP-SAT back-end needs OR-Tools: pip install ortools")
+        problem = cp_sat_backend().problem
+        raise SolverUnavailableError(f"the CP-SAT back-end: {problem}" if problem
+                                     else "the CP-SAT back-end needs OR-Tools: pip install ortools")
 
 
 # =========================================================================== solve

@@ -14,6 +14,7 @@ from functools import reduce
 from typing import Union
 
 from optimizer.ir.schedule import Schedule
+from solvers.backends import cp_sat_backend
 from solvers.checkmate.data import (
     CheckmateData,
     TriviallyInfeasible,
@@ -33,10 +34,8 @@ _COST_RESOLUTION = 1000
 _MAX_COST_UNITS = 10**9
 """Units given to the largest cost at most."""
 
-try:
-    from ortools.sat.python import cp_model
-except ImportError:  # pragma: no cover - depends on the environment
-    cp_model = None  # type: ignore[assignment]
+cp_model = cp_sat_backend().module
+"""OR-Tools' CP-SAT module, or None where it is not installed or cannot load (`solvers.backends`)."""
 
 Term = Union["cp_model.IntVar", int]
 """A variable, or a constant 0/1 for which no variable is created."""

@@ -4,7 +4,6 @@ limits, the proven bound, and each status the back-ends report, as a `MilpSoluti
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 
@@ -12,6 +11,7 @@ import pulp
 
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
+from solvers.backends import highspy_backend
 from solvers.base import (
     SolverOptions,
     SolverUnavailableError,
@@ -95,7 +95,7 @@ class _HiGHS(pulp.HiGHS):
 
     def callSolver(self, lp):
         if self.mip_start:
-            import highspy  # optional: highspy (HiGHS)
+            highspy = highspy_backend().module  # loaded: highs_available() chose this engine
 
             highs = lp.solverModel
             start = highspy.HighsSolution()
@@ -113,9 +113,10 @@ class _HiGHS(pulp.HiGHS):
 
 
 def highs_available() -> bool:
-    """Whether PuLP can run HiGHS (highspy installed and importable)."""
-    # PuLP decides whether HiGHS works when it is imported: ask it, not the file system.
-    return importlib.util.find_spec("highspy") is not None and pulp.HiGHS(msg=False).available()
+    """Whether PuLP can run HiGHS: highspy installed and loadable beside OR-Tools (else the MILP
+    runs on CBC, and `solvers.backends` has warned once why)."""
+    # PuLP decides whether HiGHS works when it is imported: ask it too, not the file system.
+    return highspy_backend().module is not None and pulp.HiGHS(msg=False).available()
 
 
 def _engine(options: SolverOptions) -> str:
@@ -125,7 +126,9 @@ def _engine(options: SolverOptions) -> str:
     if options.milp_engine not in ("cbc", "highs"):
         raise ValueError(f"unknown MILP back-end {options.milp_engine!r} (cbc, highs or auto)")
     if options.milp_engine == "highs" and not highs:
-        raise SolverUnavailableError("the HiGHS back-end needs highspy: pip install highspy")
+        problem = highspy_backend().problem
+        raise SolverUnavailableError(f"the HiGHS back-end: {problem}" if problem
+                                     else "the HiGHS back-end needs highspy: pip install highspy")
     return options.milp_engine
 
 
