@@ -455,12 +455,13 @@ def test_a_custom_autograd_function_is_refused_even_when_side_effects_are_ignore
     """export keeps only its forward: the captured gradient would be the forward's derivative
     (half the user's here), silently, under every schedule."""
     model = build(plain(CustomFunction)).model
+    original = torch.autograd.Function.__dict__["apply"]  # a classmethod; from torch 2.14 a C descriptor
     for policy in ("error", "ignore"):
         with pytest.raises(UnreplayableForwardError,
                            match=r"custom autograd Function DoubleGradient .*remat_backend") as err:
             optimize(model, inputs(), BUDGET, solver=SOLVER, python_side_effects=policy)
         assert "\n" not in str(err.value)
-    assert torch.autograd.Function.__dict__["apply"].__func__.__qualname__ == "Function.apply"  # restored
+    assert torch.autograd.Function.__dict__["apply"] is original  # restored
 
 
 def test_a_custom_autograd_function_runs_its_backward_under_torch_compile():
