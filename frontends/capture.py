@@ -29,9 +29,6 @@ except ImportError:
     resource = None
 
 import torch
-from torch._functorch._aot_autograd import descriptors as aot_desc
-from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from frontends.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
@@ -58,6 +55,11 @@ from frontends.row_split import RowSplit, check_chunks
 from frontends.row_split import split_rows as split_head_rows
 from frontends.sharding import check_no_sharded_submodules
 from frontends.symbolic_sizes import SymbolSizes, UnplannableSize
+from frontends.torch_compat import (
+    _use_lazy_graph_module,
+    aot_export_joint_with_descriptors,
+)
+from frontends.torch_compat import aot_descriptors as aot_desc
 from frontends.user_code import is_user_file
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 

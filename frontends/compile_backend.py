@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._functorch import config as functorch_config
-from torch._functorch.compile_utils import fx_graph_cse
 
 from frontends.capture import CapturedStep, CaptureError, build_remat_graph
 from frontends.compile_errors import own_error_to_raise, planning_errors
@@ -69,6 +67,20 @@ from frontends.remat_module import boxed
 from frontends.rewrite import RewriteError, partition_by_schedule
 from frontends.row_split import RowSplitError
 from frontends.symbolic_sizes import SymbolSizes
+from frontends.torch_compat import (
+    CompileContext,
+    TracingContext,
+    dynamo_aot_autograd,
+    dynamo_explain,
+    functorch_config,
+    fx_graph_cse,
+    inductor_compile_fx,
+    inductor_compile_fx_inner,
+    inductor_custom_partitioner_fn,
+    inductor_get_cpp_compiler,
+    inductor_get_hash_for_files,
+    unset_fake_temporarily,
+)
 from frontends.torch_partitioner import DEFAULT_FRACTIONS, partition_schedule
 from frontends.torch_partitioner import STRATEGY_NAME as TORCH_MIN_CUT
 from optimizer.ir.allocator import AllocatorModel
@@ -166,10 +178,7 @@ class GraphPlan:
 def inductor_available() -> bool:
     """Inductor's CPU code needs a C++ compiler; CUDA code needs Triton."""
     try:
-        from torch._inductor import compile_fx  # noqa: F401  # heavy: Inductor, imported only on its path
-        from torch._inductor.cpp_builder import get_cpp_compiler  # heavy: Inductor, imported only on its path
-
-        get_cpp_compiler()
+        inductor_get_cpp_compiler()()  # Inductor, imported only on its path
         return True
     except (ImportError, RuntimeError, OSError):  # no compiler, or an Inductor that cannot load
         return False
@@ -249,7 +258,7 @@ class RematBackend:
             raise own from None
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        compile_id = torch._guards.CompileContext.current_compile_id()
+        compile_id = CompileContext.current_compile_id()
         name = f"graph {compile_id}" if compile_id is not None else "the graph"
         self._auto_budget = None
         with planning_errors():  # a split refused reaches the caller as itself
@@ -263,14 +272,12 @@ class RematBackend:
             self._split_done["head"] |= bool(self._graph_splits.row_splits)
             self._split_done["mlp"] |= bool(self._graph_splits.mlp_splits.splits)
         if self.compiler == "inductor":
-            from torch._inductor.compile_fx import compile_fx  # heavy: Inductor, imported only on its path
-
+            compile_fx = inductor_compile_fx()  # Inductor, imported only on its path
             # No cache: a cached graph would skip planning (no plan in `plans`, no budget split).
             with functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, inner_compile=self._inductor_inner, config_patches={
                     "custom_partitioner_fn": RematPartitioner(self), "fx_graph_cache": False})
-        from torch._dynamo.backends.common import aot_autograd  # heavy: dynamo, imported only when torch.compile runs
-
+        aot_autograd = dynamo_aot_autograd()  # dynamo, imported only when torch.compile runs
         return aot_autograd(fw_compiler=self._eager("forward"), bw_compiler=self._eager("backward"),
                             partition_fn=self.partition)(gm, example_inputs)
 
@@ -278,8 +285,7 @@ class RematBackend:
         """Inductor's ``compile_fx_inner`` for the planned forward or backward, recording the
         buffer plan of the wrapper it generates; once both halves are in, the plan gets its
         Inductor-aware peak (`frontends.inductor_memory`)."""
-        from torch._inductor.compile_fx import compile_fx_inner  # heavy: Inductor, imported only on its path
-
+        compile_fx_inner = inductor_compile_fx_inner()  # Inductor, imported only on its path
         recorded: list[WrapperMemoryPlan] = []
         with recording_wrapper_plans(recorded):
             compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
@@ -357,7 +363,7 @@ class RematBackend:
         def split(plan: Plan):
             for seed, graphs in torch_graphs:  # compile torch's own graphs (copies: Inductor mutates them)
                 if seed is plan:
-                    with torch._subclasses.fake_tensor.unset_fake_temporarily():  # as AOTAutograd copies
+                    with unset_fake_temporarily():  # as AOTAutograd copies
                         return tuple(copy.deepcopy(g) for g in graphs)
             return partition_by_schedule(captured, plan.schedule)(
                 joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
@@ -481,7 +487,7 @@ class RematBackend:
     def _trace_joint(self, gm: torch.fx.GraphModule, example_inputs: list, frame: str) -> _JointCandidate | None:
         """AOTAutograd's joint graph of ``gm`` as a `RematGraph`, read by a partition function
         that stops the compile (None: ``gm`` needs no backward, so AOTAutograd partitions nothing)."""
-        from torch._dynamo.backends.common import aot_autograd  # heavy: dynamo, imported only when torch.compile runs
+        aot_autograd = dynamo_aot_autograd()  # dynamo, imported only when torch.compile runs
 
         def partition(joint_module, joint_inputs, *, num_fwd_outputs: int,
                       static_lifetime_input_indices: list[int] | None = None, **_: Any):
@@ -505,7 +511,7 @@ class RematBackend:
     @staticmethod
     def _probe(pair, graph: RematGraph, num_fwd_outputs: int, static_inputs: list[int]) -> int | None:
         """The compiled peak of a candidate forward/backward pair (`probe_compiled_peak`)."""
-        context = torch._guards.TracingContext.try_get()
+        context = TracingContext.try_get()
         metadata = getattr(context, "fw_metadata", None)
         peak = probe_compiled_peak(*pair, graph.resident_bytes, num_fwd_outputs=num_fwd_outputs,
                                    mutated_inputs=getattr(metadata, "num_mutated_inp_runtime_indices", 0) or 0,
@@ -515,7 +521,7 @@ class RematBackend:
     def _note_frame(self) -> str:
         """Dynamo's compile id ('frame/recompile') of the graph being planned; a new frame in
         the same step is a graph break, which ``fullgraph=True`` refuses."""
-        compile_id = torch._guards.CompileContext.current_compile_id()
+        compile_id = CompileContext.current_compile_id()
         frame = compile_id.frame_id if compile_id is not None else len(self._frames)
         if frame not in self._frames:
             self._frames.append(frame)
@@ -575,7 +581,7 @@ class GraphBreakReport:
 
 def find_graph_breaks(model: torch.nn.Module, *args: Any, **kwargs: Any) -> GraphBreakReport:
     """Run ``torch._dynamo.explain`` on ``model(*args, **kwargs)`` and summarise the breaks."""
-    explained = torch._dynamo.explain(model)(*args, **kwargs)
+    explained = dynamo_explain()(model)(*args, **kwargs)
     reasons = []
     for reason in explained.break_reasons:
         frames = [f for f in reason.user_stack or [] if "site-packages" not in f.filename]
@@ -609,8 +615,7 @@ def _at_least(inputs: list[torch.Tensor], planned: list[tuple[int, ...]] | None)
 
 def _partitioner_base():
     try:
-        from torch._inductor.custom_graph_pass import CustomPartitionerFn  # heavy: Inductor, imported only on its path
-        return CustomPartitionerFn
+        return inductor_custom_partitioner_fn()  # Inductor, imported only on its path
     except ImportError:  # older torch: Inductor takes no custom partitioner
         return object
 
@@ -629,8 +634,7 @@ class RematPartitioner(_partitioner_base()):
     def uuid(self):
         """Inductor's cache key for this partitioner: the planning code and every setting a plan
         depends on, including what earlier graphs hold (the budget split)."""
-        from torch._inductor.custom_graph_pass import get_hash_for_files  # heavy: Inductor, imported only on its path
-
+        get_hash_for_files = inductor_get_hash_for_files()  # Inductor, imported only on its path
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         files = sorted(path for package in ("frontends", "optimizer", "solvers")  # all of it: no list to go stale
                        for path in glob.glob(os.path.join(root, package, "**", "*.py"), recursive=True))

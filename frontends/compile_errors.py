@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from frontends.torch_compat import dynamo_config, dynamo_shorten_traceback
+
 _TAG = "_raised_by_remat_opt"
 _surfaced_types: dict[type, type] = {}
 
@@ -45,8 +47,7 @@ def _original_message(self: BaseException) -> str:
 
 
 def _surfaced_type(cls: type) -> type:
-    from torch._dynamo.exc import ShortenTraceback  # heavy: dynamo, imported only when torch.compile runs
-
+    ShortenTraceback = dynamo_shorten_traceback()  # dynamo, imported only when torch.compile runs
     if cls not in _surfaced_types:
         _surfaced_types[cls] = type(cls.__name__, (cls, ShortenTraceback), {
             "__module__": cls.__module__, "__qualname__": cls.__qualname__,
@@ -71,7 +72,7 @@ def surfaced(err: BaseException, frame) -> BaseException:
 def own_error_to_raise(err: BaseException, frame) -> BaseException | None:
     """What the backend entry point (``frame``) should raise instead of ``err``: remat-opt's
     tagged error inside it, surfaced; None when ``err`` is not ours (raise it unchanged)."""
-    from torch._dynamo import config  # heavy: dynamo, imported only when torch.compile runs
+    config = dynamo_config()  # dynamo, imported only when torch.compile runs
 
     own = _own_error(err)
     if own is None:

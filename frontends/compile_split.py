@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import torch
 from torch.fx.node import map_arg
-from torch.utils import _pytree as pytree
 
 from frontends.capture import CaptureError
 from frontends.export_passes import drop_identity_dropouts
 from frontends.mlp_split import MlpSplitError, MlpSplits, split_mlps
 from frontends.row_split import RowSplit, RowSplitError, find_heads, split_rows
+from frontends.torch_compat import pytree
 from optimizer.planning.split_search import split_choices
 
 _BREAK_HINT = ("under torch.compile each graph dynamo hands the backend is split on its own, and a graph "

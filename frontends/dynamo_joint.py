@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch._functorch._aot_autograd import descriptors as aot_desc
 
+from frontends.torch_compat import aot_descriptors as aot_desc
 from optimizer.ir.graph import NodeKind, Phase, RematGraph
 from optimizer.ir.plan import Plan
 from optimizer.planning.graph_budget import GraphFootprint

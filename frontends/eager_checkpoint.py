@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.hf_training import cache_off_for_training
 from frontends.row_split import chunk_sizes
+from frontends.torch_compat import TorchDispatchMode
 from optimizer.ir.budget import format_bytes
 from optimizer.ir.plan import Plan
 

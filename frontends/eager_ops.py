@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from frontends.capture import CapturedStep
 from frontends.costed_capture import capture_with_costs
 from frontends.eager_checkpoint import EAGER_BATCH_NORMS, is_in_place
+from frontends.torch_compat import TorchDispatchMode, tree_leaves
 from optimizer.ir.graph import Phase, RematGraph
 from optimizer.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
 

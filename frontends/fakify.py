@@ -23,9 +23,9 @@ import copy
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten, tree_map
+
+from frontends.torch_compat import FakeTensor, FakeTensorMode, tree_flatten, tree_map
 
 
 def has_meta_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:

@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from frontends.fakify import has_meta_tensors
 from frontends.forward_hooks import hook_name, hook_problems, hook_tables, recording_tensor_hooks
@@ -62,6 +61,7 @@ from frontends.forward_state import (
     shown,
 )
 from frontends.rng_states import RngStates, generators_in, locate_rng_calls
+from frontends.torch_compat import generator_key, tree_flatten
 from frontends.user_code import stack_location
 
 POLICIES = ("error", "ignore")
@@ -128,19 +128,19 @@ class ForwardGuard:
     def _visible_generators(self) -> dict[int, tuple[str, torch.Generator]]:
         """The generators the user can reach: torch's default ones, the model's attributes,
         the inputs, the forwards' module-level variables; keyed by the C generator they wrap."""
-        found = {torch.default_generator._cdata: ("default", torch.default_generator)}
+        found = {generator_key(torch.default_generator): ("default", torch.default_generator)}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            found.update((g._cdata, ("default", g)) for g in torch.cuda.default_generators)
+            found.update((generator_key(g), ("default", g)) for g in torch.cuda.default_generators)
         for g in generators_in(tree_flatten((self.args, self.kwargs))[0]):
-            found.setdefault(g._cdata, ("an input generator", g))
+            found.setdefault(generator_key(g), ("an input generator", g))
         for path, module in self.model.named_modules():
             for name, value in module.__dict__.items():
                 for g in generators_in([value]):
-                    found.setdefault(g._cdata, (f"{model_path(path)}.{name}", g))
+                    found.setdefault(generator_key(g), (f"{model_path(path)}.{name}", g))
         for namespace, _ in self.namespaces:
             for name, value in namespace.items():
                 for g in generators_in([value]):
-                    found.setdefault(g._cdata, (f"{namespace.get('__name__', '?')}.{name}", g))
+                    found.setdefault(generator_key(g), (f"{namespace.get('__name__', '?')}.{name}", g))
         return found
 
     def check_graph(self, gm: torch.fx.GraphModule) -> None:
@@ -152,7 +152,7 @@ class ForwardGuard:
                 value = operator.attrgetter(str(node.target))(gm)
             except AttributeError:
                 continue
-            if isinstance(value, torch.Generator) and value._cdata not in self.generators:
+            if isinstance(value, torch.Generator) and generator_key(value) not in self.generators:
                 ops = ", ".join(sorted({str(u.target) for u in node.users})) or "a random op"
                 at = stack_location(node)
                 self.problems.append(

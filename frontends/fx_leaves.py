@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch.fx.immutable_collections import immutable_dict, immutable_list
-from torch.utils import _pytree as pytree
+
+from frontends.torch_compat import pytree
 
 _SEQUENCES = frozenset((tuple, list, immutable_list))
 _MAPPINGS = frozenset((dict, immutable_dict))

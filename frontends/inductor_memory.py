@@ -36,6 +36,19 @@ from typing import Any
 import torch
 
 from frontends.kernel_workspace import kernel_peak_bytes
+from frontends.torch_compat import (
+    OpOverload,
+    TracingContext,
+    aot_collect_bw_donated_buffer_idxs,
+    arg_tree_leaves,
+    functorch_config,
+    inductor_compile_fx_inner,
+    inductor_count_tangents,
+    inductor_get_dtype_size,
+    inductor_ir,
+    inductor_virtualized,
+    inductor_wrapper,
+)
 
 
 @dataclass(frozen=True)
@@ -184,8 +197,7 @@ def predict_compiled_peak(forward: WrapperMemoryPlan, backward: WrapperMemoryPla
 
 # --------------------------------------------------------------------- reading Inductor's wrapper
 def _buffer_bytes(graph: Any, node: Any) -> int:
-    from torch._inductor.utils import get_dtype_size  # heavy: Inductor, imported only on its path
-
+    get_dtype_size = inductor_get_dtype_size()  # Inductor, imported only on its path
     elements = graph.sizevars.optimization_hint(graph.get_allocation_storage_size(node), fallback=0)
     return int(elements) * get_dtype_size(node.get_dtype())
 
@@ -196,7 +208,7 @@ def _origin_op(node: Any) -> torch.fx.Node | None:
     origin = getattr(node, "origin_node", None)
     candidates = [origin] if origin is not None else list(getattr(node, "origins", ()))
     ops = [n for n in candidates if isinstance(n, torch.fx.Node) and n.op == "call_function"
-           and isinstance(n.target, torch._ops.OpOverload)]
+           and isinstance(n.target, OpOverload)]
     runs = getattr(node, "op_overload", None)
     if len(ops) > 1 and runs is not None:
         ops = [n for n in ops if n.target == runs]
@@ -219,8 +231,7 @@ def _kernel_transient(node: Any, preallocated: bool, unmeasured: list[str]) -> B
 def _events_of(wrapper: Any, graph: Any, unmeasured: list[str]) -> list[BufferEvent]:
     """Translate the wrapper's planned lines (after ``memory_plan_reuse``) into buffer events;
     extern kernels they cannot measure are appended to ``unmeasured``."""
-    from torch._inductor import ir  # heavy: Inductor, imported only on its path
-    from torch._inductor.codegen import wrapper as w  # heavy: Inductor, imported only on its path
+    ir, w = inductor_ir(), inductor_wrapper()  # Inductor, imported only on its path
 
     control_flow = tuple(getattr(w, name) for name in ("EnterSubgraphLine", "ConditionalLine", "SwitchLine")
                          if hasattr(w, name))  # 2.13 has ConditionalLine, 2.14 SwitchLine
@@ -304,8 +315,7 @@ _UNREADABLE = (NotImplementedError, AttributeError, KeyError, TypeError, ValueEr
 def recording_wrapper_plans(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
     """Append a `WrapperMemoryPlan` to ``sink`` for every graph Inductor generates in the block
     (none for a wrapper it cannot read: the compile itself is never affected)."""
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen  # heavy: Inductor, imported only on its path
-    from torch._inductor.virtualized import V  # heavy: Inductor, imported only on its path
+    PythonWrapperCodegen, V = inductor_wrapper().PythonWrapperCodegen, inductor_virtualized()
 
     original = PythonWrapperCodegen.memory_plan_reuse
 
@@ -331,8 +341,7 @@ class _BufferPlanRead(Exception):
 
 @contextlib.contextmanager
 def _stopping_after_buffer_plan(sink: list[WrapperMemoryPlan]) -> Iterator[None]:
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen  # heavy: Inductor, imported only on its path
-    from torch._inductor.virtualized import V  # heavy: Inductor, imported only on its path
+    PythonWrapperCodegen, V = inductor_wrapper().PythonWrapperCodegen, inductor_virtualized()
 
     original = PythonWrapperCodegen.memory_plan_reuse
 
@@ -365,8 +374,7 @@ def _example_inputs(gm: torch.fx.GraphModule) -> list:
 
 def _buffer_plan_of(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                     static_input_idxs: Sequence[int]) -> WrapperMemoryPlan | None:
-    from torch._inductor.compile_fx import compile_fx_inner  # heavy: Inductor, imported only on its path
-
+    compile_fx_inner = inductor_compile_fx_inner()  # Inductor, imported only on its path
     sink: list[WrapperMemoryPlan] = []
     try:
         with _stopping_after_buffer_plan(sink):
@@ -393,12 +401,9 @@ def _donated_backward_inputs(forward: torch.fx.GraphModule, backward: torch.fx.G
                              counts: types.SimpleNamespace) -> list[int] | None:
     """The backward inputs AOTAutograd donates (saved activations no one else holds: Inductor may
     reuse their storage), computed as AOTAutograd does right after partitioning (None: off)."""
-    from torch._functorch import config as functorch_config  # heavy: AOTAutograd, imported only on its path
-    from torch._functorch._aot_autograd.graph_compile import collect_bw_donated_buffer_idxs  # heavy: as above
-
     if not functorch_config.donated_buffer:
         return None
-    return collect_bw_donated_buffer_idxs(forward, backward, counts)
+    return aot_collect_bw_donated_buffer_idxs()(forward, backward, counts)
 
 
 def _backward_example_inputs(backward: torch.fx.GraphModule, forward_plan: WrapperMemoryPlan,
@@ -422,7 +427,7 @@ def _backward_example_inputs(backward: torch.fx.GraphModule, forward_plan: Wrapp
 def _donating(donated: list[int] | None) -> Iterator[None]:
     """Inductor reads the donated backward inputs from the tracing context's forward metadata,
     which AOTAutograd fills only after the partitioner returns: stand in for it meanwhile."""
-    context = torch._guards.TracingContext.try_get()
+    context = TracingContext.try_get()
     if context is None:  # nothing donated: the probe over-counts the backward, never under
         yield
         return
@@ -452,13 +457,12 @@ def probe_compiled_peak(forward: torch.fx.GraphModule, backward: torch.fx.GraphM
     gets the saved activations AOTAutograd would donate to it, as in the real compile.
     ``static_input_idxs``: the forward's parameter inputs.
     """
-    from torch._inductor.utils import count_tangents  # heavy: Inductor, imported only on its path
-
+    count_tangents = inductor_count_tangents()  # Inductor, imported only on its path
     forward.graph.find_nodes(op="output")[0].meta["user_visible_output_idxs"] = list(
         range(mutated_inputs, num_fwd_outputs))
     bw_output = backward.graph.find_nodes(op="output")[0]  # as Inductor's bw_outputs_user_visible
     bw_output.meta["user_visible_output_idxs"] = [
-        i for i, out in enumerate(torch.utils._pytree.arg_tree_leaves(*bw_output.args))
+        i for i, out in enumerate(arg_tree_leaves(*bw_output.args))
         if isinstance(out, torch.fx.Node)]
     counts = _saved_counts(forward, num_fwd_outputs)  # read before Inductor's passes rewrite the forward
     donated = _donated_backward_inputs(forward, backward, counts)

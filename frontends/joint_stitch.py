@@ -41,12 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch._functorch._aot_autograd import descriptors as aot_desc
-from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx._lazy_graph_module import _make_graph_module
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._mode_utils import no_dispatch
 
 from frontends.fx_leaves import flat_leaves
 from frontends.repeated_body import (
@@ -58,6 +53,13 @@ from frontends.repeated_body import (
     node_codes,
     target_name,
 )
+from frontends.torch_compat import (
+    FakeTensor,
+    _make_graph_module,
+    aot_export_joint_with_descriptors,
+    no_dispatch,
+)
+from frontends.torch_compat import aot_descriptors as aot_desc
 
 KEEP_FRONT = 3
 """Copies before the cut in the shortest forward traced (it keeps `KEEP_BACK` after it)."""

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._python_dispatch import _disable_current_modes
 
 from frontends.compiled_memory import profile_allocations
 from frontends.memory_tracker import _tensor_storages
+from frontends.torch_compat import OpOverload, _disable_current_modes, tree_leaves, unset_fake_temporarily
 
 __all__ = ["KernelPeak", "kernel_peak_bytes"]
 
@@ -48,7 +47,7 @@ def _signature(node: torch.fx.Node) -> tuple | None:
             return tuple(sorted((k, key(v)) for k, v in value.items()))
         return repr(value)
 
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return None
     return (str(node.target), key(node.args), key(node.kwargs), torch.get_num_threads())
 
@@ -111,7 +110,7 @@ _MEASURED: dict[tuple, KernelPeak | None] = {}
 
 def _measure(node: torch.fx.Node) -> KernelPeak | None:
     val = node.meta.get("val")
-    tensors = [v for v in torch.utils._pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+    tensors = [v for v in tree_leaves(val) if isinstance(v, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
     try:
         with unset_fake_temporarily(), _disable_current_modes(), torch.no_grad():

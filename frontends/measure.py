@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from frontends.memory_tracker import track_live_memory
+from frontends.torch_compat import tree_flatten
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from types import TracebackType
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves
+
+from frontends.torch_compat import TorchDispatchMode, is_traceable_wrapper_subclass, tree_leaves
 
 __all__ = ["LiveMemoryTracker", "MemoryMeasurement", "track_live_memory"]
 

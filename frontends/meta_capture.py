@@ -16,10 +16,10 @@ import copy
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from frontends.costed_capture import capture_with_costs
 from frontends.costs import cost_model_from_name, op_bytes_moved
+from frontends.torch_compat import tree_flatten, tree_map
 from optimizer.ir.graph import RematGraph
 from optimizer.planning.batch_scaling import BatchScaling, ScalingMismatch, StepSample, fit_batch_scaling
 from optimizer.planning.batch_search import DTYPES, WhatIfError

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd import descriptors as aot_desc
-from torch.utils._pytree import tree_flatten
 
 from frontends.capture import CapturedStep
 from frontends.costs import PROFILE_MODEL
+from frontends.torch_compat import aot_descriptors as aot_desc
+from frontends.torch_compat import tree_flatten
 from optimizer.ir.costs_update import with_costs
 from optimizer.ir.graph import RematGraph
 

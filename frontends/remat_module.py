@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from frontends.capture import CapturedStep
 from frontends.export_passes import guard_gradient_free
@@ -33,6 +31,7 @@ from frontends.shape_variants import (
     structure_difference,
 )
 from frontends.sharding import check_no_sharded_submodules
+from frontends.torch_compat import aot_compile_joint_with_descriptors, fx_boxed_codegen, tree_flatten, tree_unflatten
 from optimizer.ir.plan import Plan
 from optimizer.planning.planner import plan_for_schedule
 
@@ -40,13 +39,12 @@ from optimizer.planning.planner import plan_for_schedule
 def boxed(gm: torch.fx.GraphModule):
     """Run ``gm`` with the boxed calling convention: it clears its argument list, so each
     input (a saved activation, a tangent) is freed after its last use, as the plan assumes."""
-    try:
-        from torch.fx.graph import _BoxedCodeGen  # optional: private fx API, absent from older torch
-    except ImportError:  # older torch: inputs live until the graph returns
+    codegen = fx_boxed_codegen()
+    if codegen is None:  # older torch: inputs live until the graph returns
         from functorch.compile import make_boxed_func  # optional: private fx API, absent from older torch
 
         return make_boxed_func(gm)
-    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.graph.set_codegen(codegen())
     gm.recompile()
     return gm
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.fx._lazy_graph_module import _make_graph_module
 
 from frontends.fx_leaves import flat_leaves
+from frontends.torch_compat import _make_graph_module
 
 MIN_REPEATS = 16
 """Fewer copies trace fast enough whole; below this the graph is traced as it is."""

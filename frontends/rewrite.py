@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch._functorch.partitioners import _extract_fwd_bwd_modules, is_sym_node
 
 from frontends.capture import CapturedStep
 from frontends.rng_replay import RNG_STATE_META, replay, state_device
+from frontends.torch_compat import _extract_fwd_bwd_modules, is_sym_node
 from optimizer.ir.schedule import Schedule, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"

@@ -26,9 +26,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten
 
-from frontends.torch_compat import detect_fake_mode, fake_like_mode
+from frontends.torch_compat import OpOverload, detect_fake_mode, fake_like_mode, tree_flatten
 
 RNG_STATE_META = "remat_rng_state"
 """fx meta key on a random op: the name of the node holding the state it replays."""
@@ -84,7 +83,7 @@ def is_random_op(node: fx.Node) -> bool:
     """Whether ``node`` draws random numbers: an op torch tags ``nondeterministic_seeded``, except
     an attention kernel called with ``dropout_p=0`` (SDPA's flash/efficient/cudnn kernels carry
     the tag for their dropout; without it they are deterministic and may be recomputed freely)."""
-    if not (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    if not (node.op == "call_function" and isinstance(node.target, OpOverload)
             and torch.Tag.nondeterministic_seeded in node.target.tags):
         return False
     arguments = node.target._schema.arguments

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from frontends.torch_compat import generator_key
 from frontends.user_code import first_user_frame
 
 
@@ -106,8 +107,8 @@ def locate_rng_calls(trace: Callable[[], Any], generators: dict[int, str]) -> di
                 record("random", frame)
             elif owner is torch.default_generator:
                 record("torch", frame)
-            elif isinstance(owner, torch.Generator) and owner._cdata in generators:
-                record(generators[owner._cdata], frame)
+            elif isinstance(owner, torch.Generator) and generator_key(owner) in generators:
+                record(generators[generator_key(owner)], frame)
 
     def numpy_recorder(function: Callable) -> Callable:
         @functools.wraps(function)

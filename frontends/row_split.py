@@ -35,8 +35,9 @@ import operator
 from dataclasses import dataclass
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx.node import map_arg
+
+from frontends.torch_compat import detect_fake_mode
 
 aten = torch.ops.aten
 

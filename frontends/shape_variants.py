@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from frontends.torch_compat import tree_flatten
 from optimizer.ir.graph import RematGraph
 
 SAME, SMALLER, LARGER, DIFFERENT = "same", "smaller", "larger", "different"

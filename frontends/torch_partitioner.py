@@ -33,10 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch._functorch import config as functorch_config
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from frontends.capture import CapturedStep
+from frontends.torch_compat import PARTITIONER_LOGGER, functorch_config, min_cut_rematerialization_partition
 from optimizer.ir.graph import Phase
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import InvalidScheduleError, simulate
@@ -165,7 +164,7 @@ def _one_line(err: BaseException) -> str:
 @contextlib.contextmanager
 def _quiet_partitioner_logs():
     """The partitioner logs warnings (e.g. about its knapsack) that would bury our report."""
-    logger = logging.getLogger("torch._functorch.partitioners")
+    logger = logging.getLogger(PARTITIONER_LOGGER)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:

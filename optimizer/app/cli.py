@@ -395,7 +395,8 @@ def _cast(model, inputs: tuple, dtype: str | None):
     if dtype is None:
         return model, inputs
     import torch  # heavy: torch, not imported for --help or a usage error
-    from torch.utils._pytree import tree_map  # heavy: torch, not imported for --help or a usage error
+
+    from frontends.torch_compat import tree_map  # heavy: torch, not imported for --help or a usage error
 
     target = getattr(torch, DTYPES[dtype])
     cast = lambda t: t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731

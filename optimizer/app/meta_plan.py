@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_map
 
 from frontends.costed_capture import capture_with_costs
+from frontends.torch_compat import FakeTensor, tree_map
 from optimizer.ir.plan import Plan
 from optimizer.ir.plan_text import format_plan
 from optimizer.planning.planner import plan_graph
