@@ -465,9 +465,14 @@ def failures_by_cause(rows: list[dict[str, Any]]) -> str:
 
 
 def versions() -> str:
-    import timm
-    import transformers
-    return f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}"
+    import importlib.metadata
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+    return f"torch {torch.__version__}, timm {version('timm')}, transformers {version('transformers')}"
 
 
 def main() -> None:
@@ -480,7 +485,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="per-model wall limit, s")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import timm  # noqa: F401 - imported once here, before the children fork
+    try:
+        import timm  # noqa: F401 - imported once here, before the children fork
+    except ImportError:  # torch 2.13.0: no torchvision pairs with it, so no timm; --only the transformers rows
+        pass
     import transformers
     transformers.logging.set_verbosity_error()
     specs = SPECS

@@ -8,9 +8,12 @@ names from this module only (tests/test_torch_compat.py checks it). Inductor and
 reached through functions that import them when called. When a release breaks one, the fix
 lands here.
 
-Checked: torch 2.13.0 and 2.14.1 (CPU builds; the whole suite in CI) and 2.11.0+cu130 (CUDA,
-an H200; the suite from source). `TESTED_TORCH` names them; importing ``frontends`` on another
-release prints one line saying so (`warn_if_untested_torch`).
+Tested: torch 2.13.0 and 2.14.1 (CPU builds; the whole suite in CI), named by `TESTED_TORCH`;
+importing ``frontends`` on another release prints one line saying so (`warn_if_untested_torch`).
+Also run: 2.11.0+cu130 on an H200, from source: every adapter here imports and works, and 954 of
+the suite's 970 tests pass; the 16 that do not (generators passed to export, a BatchNorm counter
+in the eager runtime, gloo ranks, MoE in transformers 5.17) are listed in benchmarks/RESULTS.md,
+so 2.11 is not in the tested range. The "2.11.0" in the lines below means that run.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ PARTITIONER_LOGGER = "torch._functorch.partitioners"
 # Inductor and dynamo (``torch._inductor``, ``torch._dynamo``) are imported only by the functions
 # below, when called, on the path that needs them (torch.compile, an Inductor-aware peak).
 
-TESTED_TORCH = ("2.11", "2.13", "2.14")
+TESTED_TORCH = ("2.13", "2.14")
 """torch releases (major.minor) the package was tested on; see the module docstring."""
 
 

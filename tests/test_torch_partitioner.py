@@ -34,7 +34,7 @@ def test_budget_one_is_plain_autograd_and_lower_budgets_recompute(mlp_step):
     store_all = simulate(graph, store_all_schedule(graph))
     full, half = partition_schedules(mlp_step, (1.0, 0.5))
     full_sim, half_sim = simulate(graph, full.schedule), simulate(graph, half.schedule)
-    assert full.recomputed_ops == 0 and full_sim.extra_cost == 0
+    assert full.recomputed_ops == 0 and abs(full_sim.extra_cost) < 1e-15  # a float sum: -1.7e-21 seen on torch 2.11
     assert full_sim.peak_bytes == store_all.peak_bytes
     assert half.recomputed_ops > 0 and half_sim.extra_cost > 0
     assert half_sim.peak_bytes < store_all.peak_bytes

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One run on a lent CUDA machine (an H200 here): the CUDA-only tests, then the whole suite, on
+# that image's torch (2.11.0+cu130, Python 3.12) from source, since pyproject's install is not
+# used there. Carry the solver wheels in .whl (pulp, ortools, highspy 1.16.0, immutabledict;
+# benchmarks/RESULTS.md names them). Logs go to $OUT (or ./device_out).
+#
+#   bash benchmarks/device_suite.sh            # SUITE_S=330: the suite's wall-clock limit, s
+set -uo pipefail
+out="${OUT:-device_out}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH="/tmp/site:$PWD"
+fi
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+    python3 -m pip list 2>/dev/null | grep -i -E '^(transformers|peft|timm|pulp|ortools|highspy|pytest|hypothesis) '
+    nproc
+} 2>&1 | tee "$out/env.txt"
+
+echo "== CUDA tests"
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs \
+    "tests/test_training_loop_shapes.py::test_dropout_replay_is_bitwise_at_a_budget_the_device_reaches" \
+    tests/test_memory_tracker.py::test_cuda_storages_and_backward \
+    tests/test_measure.py::test_cuda_peak_is_max_memory_allocated 2>&1 | tee "$out/cuda_tests.log" | tail -15
+
+echo "== the whole suite"
+timeout "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -n 14 --dist loadfile -rfE \
+    --junitxml="$out/suite.xml" tests 2>&1 | tee "$out/suite.log" | tail -80
