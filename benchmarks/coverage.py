@@ -7,7 +7,7 @@ with tiny widths, 2 layers and a 128-token vocabulary); dropout, attention imple
 ``use_cache`` stay at the library defaults. For each model, in a forked child with a wall-clock
 limit (one failure or hang does not stop the sweep):
 
-1. capture the training step once (`frontends.costed_capture.capture_with_costs`, what
+1. capture the training step once (`frontends.capture.costed_capture.capture_with_costs`, what
    ``optimize`` runs) and plan it with ``store-all`` for plain autograd's peak;
 2. budget = fixed + 0.6 * (store-all peak - fixed), fixed = parameters + gradients + inputs
    (``plan.breakdown``'s split): "60% of activations". remat-opt's own percentages are of the
@@ -17,9 +17,9 @@ limit (one failure or hang does not stop the sweep):
 4. one eager step and one remat step, each after ``torch.manual_seed(1)`` from the same buffers
    (dropout draws the same masks); gradients and buffers compared (max |a-b| / max |b| per
    tensor);
-5. one more remat step under `frontends.memory_tracker.track_live_memory`: the measured peak is
+5. one more remat step under `frontends.measure.memory_tracker.track_live_memory`: the measured peak is
    the tracked peak plus the storages resident before the step (parameters, buffers, inputs and
-   the rewritten graphs' lifted constants, each storage once), `frontends.measure`'s
+   the rewritten graphs' lifted constants, each storage once), `frontends.measure.step`'s
    accounting, against ``plan.predicted_peak_bytes``.
 
 A model *holds* when its plan fits the budget, its gradients and buffers match eager within the
@@ -55,10 +55,10 @@ from torch import nn  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from vs_pytorch_measure import max_relative_error  # noqa: E402  (this folder is on sys.path)
 
-from frontends.costed_capture import capture_with_costs  # noqa: E402
-from frontends.measure import unique_storage_bytes  # noqa: E402
-from frontends.memory_tracker import track_live_memory  # noqa: E402
-from frontends.remat_module import RematModule  # noqa: E402
+from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
+from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
+from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
+from frontends.measure.step import unique_storage_bytes  # noqa: E402
 from optimizer.planning.planner import plan_graph  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 

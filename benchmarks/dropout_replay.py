@@ -19,9 +19,9 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from frontends.capture import capture
-from frontends.measure import measure_step
-from frontends.remat_module import RematModule
+from frontends.capture.step import capture
+from frontends.graph_runtime.remat_module import RematModule
+from frontends.measure.step import measure_step
 from optimizer.planning.planner import plan_graph
 from solvers.base import SolverOptions
 from solvers.checkmate.min_budget import smallest_feasible_budget

@@ -16,7 +16,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from frontends.memory_tracker import track_live_memory  # noqa: E402
+from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
 from optimizer import apply_checkpointing  # noqa: E402
 from solvers.base import InfeasibleBudgetError  # noqa: E402
 

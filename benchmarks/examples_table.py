@@ -19,9 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from frontends.capture import capture  # noqa: E402
-from frontends.measure import measure_step  # noqa: E402
-from frontends.model_file import load_model_file  # noqa: E402
+from frontends.capture.model_file import load_model_file  # noqa: E402
+from frontends.capture.step import capture  # noqa: E402
+from frontends.measure.step import measure_step  # noqa: E402
 from optimizer.app.api import optimize  # noqa: E402
 from optimizer.ir.budget import format_bytes  # noqa: E402
 from optimizer.planning.planner import plan_graph  # noqa: E402

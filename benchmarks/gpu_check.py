@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from frontends.capture import CapturedStep, capture  # noqa: E402
-from frontends.costs import FLOPS_MODEL, CostModel, roofline_model  # noqa: E402
-from frontends.measure import StepMeasurement, measure_step  # noqa: E402
-from frontends.profile import profile_step  # noqa: E402
-from frontends.remat_module import RematModule  # noqa: E402
+from frontends.capture.step import CapturedStep, capture  # noqa: E402
+from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
+from frontends.measure.costs import FLOPS_MODEL, CostModel, roofline_model  # noqa: E402
+from frontends.measure.profile import profile_step  # noqa: E402
+from frontends.measure.step import StepMeasurement, measure_step  # noqa: E402
 from optimizer.ir.allocator import AllocatorModel, allocator_for  # noqa: E402
 from optimizer.ir.graph import RematGraph  # noqa: E402
 from optimizer.ir.plan import Plan  # noqa: E402
@@ -102,7 +102,7 @@ def _models(device: torch.device, batch: int, small_only: bool) -> list[tuple[st
 
 
 def _known_device(device: torch.device) -> str | None:
-    """The `frontends.devices` key of a CUDA device, from its name (None when not in the table)."""
+    """The `frontends.measure.devices` key of a CUDA device, from its name (None when not in the table)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device).upper()

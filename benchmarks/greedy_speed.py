@@ -29,9 +29,9 @@ from types import ModuleType
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import solvers.greedy as new_greedy  # noqa: E402
-from frontends.capture import capture  # noqa: E402
-from frontends.meta_capture import MetaCapturer  # noqa: E402
-from frontends.model_file import load_model_file  # noqa: E402
+from frontends.capture.meta_capture import MetaCapturer  # noqa: E402
+from frontends.capture.model_file import load_model_file  # noqa: E402
+from frontends.capture.step import capture  # noqa: E402
 from optimizer.ir.allocator import AllocatorModel  # noqa: E402
 from optimizer.ir.graph import RematGraph  # noqa: E402
 from optimizer.ir.simulator import simulate  # noqa: E402

@@ -19,7 +19,7 @@ formula for the same memory, and the cheapest nested ``torch.utils.checkpoint`` 
 - *nested checkpoint*: ``torch.utils.checkpoint`` (non-reentrant) over segments of ``outer``
   steps, each split into checkpointed sub-segments of ``inner`` steps (one level when
   ``inner`` is 0): every op of the forward runs once per level more (the extra is that many
-  forward passes). Peak measured with `frontends.measure.measure_step`.
+  forward passes). Peak measured with `frontends.measure.step.measure_step`.
 
     python benchmarks/long_chains.py --steps 100 1000 --out benchmarks/long_chains.md
 
@@ -49,8 +49,8 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from frontends.costed_capture import capture_with_costs  # noqa: E402
-from frontends.measure import measure_step  # noqa: E402
+from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
+from frontends.measure.step import measure_step  # noqa: E402
 from optimizer.app.api import optimize  # noqa: E402
 from optimizer.ir.graph import Phase  # noqa: E402
 from optimizer.ir.simulator import simulate  # noqa: E402

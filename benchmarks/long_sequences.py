@@ -9,9 +9,9 @@ For each n in a doubling-then-bisecting search, three ways to fit ``--budget``:
   parameters and inputs included, one step on the CPU);
 * **remat-opt**: ``plan_only(model, inputs, budget)``: fits when a plan is found;
 * **remat-opt + split k**: the same with ``split=k`` (the LM head and loss in k row chunks,
-  `frontends.row_split`), for each k of ``--splits``;
+  `frontends.split.row_split`), for each k of ``--splits``;
 * **remat-opt + split k + MLP m**: the last k with ``split_mlp=m`` too (every SwiGLU MLP in m
-  token-row chunks, `frontends.mlp_split`), for each m of ``--mlp-splits``.
+  token-row chunks, `frontends.split.mlp_split`), for each m of ``--mlp-splits``.
 
 ``--smallest-at N`` instead bisects, at one length N, the smallest budget each remat-opt way
 plans (to ``--budget-step``), next to the planner's proven lower bound: where the longest-length
@@ -38,7 +38,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from frontends.memory_tracker import track_live_memory  # noqa: E402
+from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
 from optimizer import optimize, parse_bytes, plan_only  # noqa: E402
 from optimizer.ir.budget import format_bytes  # noqa: E402
 from solvers.base import InfeasibleBudgetError  # noqa: E402

@@ -2,8 +2,8 @@
 
 For each length, the issue-25 loop (`long_chains.Loop`: a Linear+Tanh cell applied ``steps``
 times as ``h = h + 0.1 cell(h)``, batch 256, width 64) is captured twice in one process,
-alternating: with the stitch (`frontends.joint_stitch`, the default) and traced whole
-(``stitch_loops=False``). It prints both times (`frontends.capture.capture`, flops cost model)
+alternating: with the stitch (`frontends.capture.joint_stitch`, the default) and traced whole
+(``stitch_loops=False``). It prints both times (`frontends.capture.step.capture`, flops cost model)
 and whether the two joints are the same node for node (`canonical_form`: ops, arguments, value
 layouts, storage sharing, sequence numbers) and the two IRs equal.
 
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from long_chains import BATCH, WIDTH, Loop  # noqa: E402
 
-from frontends.capture import capture  # noqa: E402
-from frontends.joint_stitch import canonical_form  # noqa: E402
+from frontends.capture.joint_stitch import canonical_form  # noqa: E402
+from frontends.capture.step import capture  # noqa: E402
 
 
 def timed_capture(steps: int, stitch: bool):

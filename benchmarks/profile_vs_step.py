@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from frontends.capture import capture  # noqa: E402
-from frontends.measure import measure_step  # noqa: E402
-from frontends.model_file import load_model_file  # noqa: E402
-from frontends.profile import profile_step  # noqa: E402
-from frontends.remat_module import RematModule  # noqa: E402
+from frontends.capture.model_file import load_model_file  # noqa: E402
+from frontends.capture.step import capture  # noqa: E402
+from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
+from frontends.measure.profile import profile_step  # noqa: E402
+from frontends.measure.step import measure_step  # noqa: E402
 from optimizer.planning.planner import plan_graph  # noqa: E402
 
 TOLERANCE = 0.15

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from examples import gpt2  # noqa: E402
-from frontends.capture import capture  # noqa: E402
+from frontends.capture.step import capture  # noqa: E402
 from optimizer.app.meta_plan import plan_without_hardware  # noqa: E402
 from optimizer.ir.reduce import reduce_graph  # noqa: E402
 from optimizer.ir.simulator import simulate  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from frontends.costed_capture import capture_with_costs  # noqa: E402
+from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
 from optimizer.ir.budget import format_bytes  # noqa: E402
 from optimizer.ir.simulator import simulate  # noqa: E402
 from solvers import get_solver  # noqa: E402

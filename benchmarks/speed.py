@@ -32,9 +32,9 @@ import torch  # noqa: E402
 
 from benchmarks.scale import _budget, _capture, _solve  # noqa: E402
 from examples import gpt2  # noqa: E402
-from frontends.meta_capture import MetaCapturer  # noqa: E402
-from frontends.model_file import load_model_file  # noqa: E402
-from frontends.torch_partitioner import partition_schedule  # noqa: E402
+from frontends.capture.meta_capture import MetaCapturer  # noqa: E402
+from frontends.capture.model_file import load_model_file  # noqa: E402
+from frontends.compile.torch_partitioner import partition_schedule  # noqa: E402
 from optimizer.app.whatif import WhatIfRequest, what_if  # noqa: E402
 from optimizer.planning.parallel import default_jobs  # noqa: E402
 from optimizer.planning.sweep import ALL_STRATEGIES, TORCH_STRATEGY, parse_sweep  # noqa: E402

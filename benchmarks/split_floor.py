@@ -2,7 +2,7 @@
 
 Captured from meta-device models (nothing allocated), dropout 0. For a 4-layer GPT-2-shaped
 model (vocab 50257, small width) returning the loss only and returning (loss, logits), for
-k = 1 (unsplit), 2, 4, 8 row chunks (`frontends.row_split`): store-all's peak, the proven lower
+k = 1 (unsplit), 2, 4, 8 row chunks (`frontends.split.row_split`): store-all's peak, the proven lower
 bound on every schedule's peak (`solvers.checkmate.min_budget.peak_lower_bound`), the smallest
 feasible budget found (`smallest_feasible_budget`: CP-SAT peak minimization on small graphs,
 else the leanest classic schedule), then a plan (``auto`` solver) at one budget every k
@@ -13,7 +13,7 @@ its unsplit store-all peak, split in 8: measured peak against budget and predict
 against eager. ``--mlp`` adds an MLP-heavy GPT-2 shape (4 x 256, seq 128, batch 16, vocab 1024:
 the 2048 x 1024 MLP intermediate is the largest activation) and bisects the smallest budget the
 planner reaches with the head split in 8, without and with every MLP split in 8 too
-(`frontends.mlp_split`), next to each one's proven lower bound. ``--gpt2-small-preset`` takes
+(`frontends.split.mlp_split`), next to each one's proven lower bound. ``--gpt2-small-preset`` takes
 GPT-2-small as a user gets it: the ``small`` preset unchanged (dropout 0.1 on embeddings,
 attention probabilities and residuals, replayed by the plan; train mode), returning
 (loss, logits) (``outputs="all"``), captured on the meta device unsplit, with the head split in 8,
@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from benchmarks.scale import LossOnly  # noqa: E402
 from examples import gpt2  # noqa: E402
-from frontends.capture import CapturedStep, capture  # noqa: E402
+from frontends.capture.step import CapturedStep, capture  # noqa: E402
 from optimizer import optimize  # noqa: E402
 from optimizer.app.split_plan import plan_with_split  # noqa: E402
 from optimizer.ir.simulator import simulate  # noqa: E402

@@ -42,7 +42,7 @@ from vs_pytorch_measure import StepMetrics, StepState, measure_strategy  # noqa:
 from vs_pytorch_peers import compile_min_cut, memory_budget, wrap_blocks  # noqa: E402
 from vs_pytorch_report import EAGER, EAGER_PEERS, FLOP_OBJECTIVE, TIME_OBJECTIVE  # noqa: E402
 
-from frontends.costs import FLOP_COUNT_MODEL, FLOPS_MODEL, CostModel  # noqa: E402
+from frontends.measure.costs import FLOP_COUNT_MODEL, FLOPS_MODEL, CostModel  # noqa: E402
 
 MODELS = ("mlp", "gpt", "convnet", "gpt2", "vit", "resnet", "unet")
 COMPILE_BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1)
@@ -192,7 +192,7 @@ class ModelBench:
         settings: the objectives differ only in the cost model their planning capture prices
         ops with. Each plan is made for the budget less the seed gradient, so that a plan that
         fills it is measured at the budget, not one scalar above it."""
-        from frontends.capture import capture
+        from frontends.capture.step import capture
 
         budgets = self.budgets() if budgets is None else budgets
         for strategy in self.args.objectives:
@@ -244,7 +244,7 @@ class ModelBench:
             self.rows.append(self._eager_row(row.metrics.peak_bytes, f"= {peer}", "flop-count"))
 
     def _eager_row(self, budget: int, setting: str, cost_model: str = "flops") -> Row:
-        from frontends.eager_runtime import apply_checkpointing
+        from frontends.eager_runtime.apply import apply_checkpointing
         from solvers.base import InfeasibleBudgetError
 
         seed = self.seed_bytes()
@@ -273,8 +273,8 @@ class ModelBench:
         capture serves one module (AOTAutograd's compile step consumes the joint graph's
         metadata, and deep-copying a capture corrupts memory), and capture is deterministic, so
         the plan made on the first capture's graph names the same values."""
-        from frontends.capture import capture
-        from frontends.remat_module import RematModule
+        from frontends.capture.step import capture
+        from frontends.graph_runtime.remat_module import RematModule
 
         model = copy.deepcopy(self.model)
         return RematModule(model, capture(model, self.inputs), plan, self.inputs)

@@ -1,9 +1,9 @@
 """One real training step of any strategy, measured the same way for all: `measure_strategy`.
 
-* peak: CPU: the storage tracker (`frontends.memory_tracker`) around the step, or inside the
+* peak: CPU: the storage tracker (`frontends.measure.memory_tracker`) around the step, or inside the
   compiled graphs for ``torch.compile``d modules (`vs_pytorch_peers.GraphProbe`), plus the
   storages resident before the step (parameters, buffers, inputs; each storage once), the
-  accounting of `frontends.measure`; CUDA: ``max_memory_allocated`` after
+  accounting of `frontends.measure.step`; CUDA: ``max_memory_allocated`` after
   ``reset_peak_memory_stats`` (every strategy, compiled ones included, a warm-up step first);
 * FLOPs: ``FlopCounterMode`` around the step (inside the compiled graphs for compiled modules);
   in a step of its own, `ModelledTime` prices every op that runs with remat-opt's ``flops`` cost
@@ -32,8 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from frontends.costs import FLOPS_MODEL
-from frontends.memory_tracker import track_live_memory
+from frontends.measure.costs import FLOPS_MODEL
+from frontends.measure.memory_tracker import track_live_memory
 
 
 @dataclass(frozen=True)

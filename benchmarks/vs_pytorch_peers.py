@@ -9,7 +9,7 @@
 A ``TorchDispatchMode`` around a compiled module makes dynamo run the module eagerly (even when
 its compiled code is cached), so the compiled graphs are measured from the inside: `GraphProbe`
 is the fw/bw compiler, and while armed it runs each compiled graph under the project's storage
-tracker (`frontends.memory_tracker`), ``FlopCounterMode`` or a cost-model counter. It counts its calls, so a
+tracker (`frontends.measure.memory_tracker`), ``FlopCounterMode`` or a cost-model counter. It counts its calls, so a
 measurement that did not go through the compiled graphs is detected instead of reported.
 """
 
@@ -30,7 +30,7 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 
-from frontends.memory_tracker import _StorageLedger, _StorageTrackingMode
+from frontends.measure.memory_tracker import _StorageLedger, _StorageTrackingMode
 
 aten = torch.ops.aten
 

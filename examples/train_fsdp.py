@@ -6,7 +6,7 @@ Each rank captures its own micro-batch's step, plans it for a per-rank budget (t
 resident parameters, gradients and communication buffers deducted, see
 `optimizer.planning.distributed_budget`), wraps the remat module with ``fully_shard`` or
 ``DistributedDataParallel`` and trains with SGD. Rank 0 prints the per-rank budget, the planned
-and the measured rank peak (`frontends.resize_tracker`, which sees FSDP2's in-place parameter
+and the measured rank peak (`frontends.measure.resize_tracker`, which sees FSDP2's in-place parameter
 storage resizes, plus DDP's buckets measured when DDP wraps the module), and the losses.
 """
 
@@ -33,9 +33,9 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from frontends.costed_capture import capture_with_costs
-    from frontends.rank_memory import ddp_bucket_bytes, measured_rank_peak
-    from frontends.remat_module import RematModule
+    from frontends.capture.costed_capture import capture_with_costs
+    from frontends.distributed.rank_memory import ddp_bucket_bytes, measured_rank_peak
+    from frontends.graph_runtime.remat_module import RematModule
     from optimizer.planning.distributed_budget import (
         DataParallelConfig,
         format_rank_breakdown,
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--budget", default="70%", help="per-rank budget: bytes, 3MB, or 70%%")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
-    from frontends.gloo_ranks import run_on_ranks
+    from frontends.distributed.gloo_ranks import run_on_ranks
 
     losses = run_on_ranks(train, args.world_size, (args.strategy, args.budget, args.steps), timeout_s=600)
     for rank, rank_losses in enumerate(losses):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from frontends.memory_tracker import track_live_memory
+from frontends.measure.memory_tracker import track_live_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = ("mlp", "gpt", "convnet")

@@ -1,7 +1,7 @@
 """What each gloo rank of tests/test_eager_runtime.py's FSDP2 test runs.
 
 Kept apart from the test module, and light (torch, the example file, the eager runtime's
-run-time half, `frontends.gloo_ranks`), because every spawned rank imports it before it can start.
+run-time half, `frontends.distributed.gloo_ranks`), because every spawned rank imports it before it can start.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from e2e_helpers import load_example
 
-from frontends.eager_checkpoint import checkpointed_modules, load_checkpointing
-from frontends.gloo_ranks import full_gradients, run_on_ranks
+from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
+from frontends.eager_runtime.eager_checkpoint import checkpointed_modules, load_checkpointing
 
 
 def fsdp_train(rank: int, world_size: int, plan_path: str, steps: int = 2) -> dict:

@@ -120,3 +120,19 @@ def import_cycles(root: Path) -> list[list[str]]:
 def unexplained_local_imports(root: Path) -> list[Import]:
     """Function-local imports without a ``# heavy:`` / ``# optional:`` reason on their line."""
     return [imp for imp in all_imports(root) if imp.local and not imp.reason]
+
+
+MAX_MODULES_PER_FOLDER = 12
+"""README "Layout": a folder of ``frontends/`` holds at most this many modules (``__init__.py``
+not counted); more means a job is hiding in it and wants a subpackage of its own."""
+
+
+def crowded_folders(root: Path, package: str = "frontends",
+                    limit: int = MAX_MODULES_PER_FOLDER) -> dict[str, int]:
+    """Folders of ``package`` (itself included) holding more than ``limit`` modules: path -> count."""
+    crowded = {}
+    for folder in sorted({(root / package)} | {p.parent for p in (root / package).rglob("*.py")}):
+        count = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+        if count > limit:
+            crowded[folder.relative_to(root).as_posix()] = count
+    return crowded

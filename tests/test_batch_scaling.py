@@ -10,7 +10,7 @@ import torch
 from test_max_batch import tiny
 from torch import nn
 
-from frontends.meta_capture import MetaCapturer
+from frontends.capture.meta_capture import MetaCapturer
 from optimizer.app.whatif import WhatIfRequest, what_if
 from optimizer.planning.batch_search import search_max_batch, search_near
 from optimizer.planning.parallel import map_forked

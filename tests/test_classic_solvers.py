@@ -31,8 +31,8 @@ AT_BEST = re.compile(r"peaks at (\d+) bytes at best")
 
 @lru_cache(maxsize=None)
 def example_graph(name: str) -> RematGraph:
-    from frontends.capture import capture
-    from frontends.model_file import load_model_file
+    from frontends.capture.model_file import load_model_file
+    from frontends.capture.step import capture
 
     model, inputs = load_model_file(str(EXAMPLES / f"{name}.py"))
     return capture(model, inputs).graph

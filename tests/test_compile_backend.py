@@ -21,8 +21,8 @@ from e2e_helpers import (
 )
 from torch import nn
 
-from frontends.compile_backend import GraphBreakError, inductor_available, remat_backend
-from frontends.compiled_memory import profiled_peak
+from frontends.compile.compile_backend import GraphBreakError, inductor_available, remat_backend
+from frontends.compile.compiled_memory import profiled_peak
 from optimizer import find_graph_breaks
 from optimizer.ir.budget import BudgetError
 from solvers.base import InfeasibleBudgetError
@@ -225,7 +225,7 @@ def test_a_forward_op_after_backward_ops_is_moved_first():
     """Inductor's joint passes can leave a forward op after backward ones; the exact solvers'
     data refused such graphs with a deep ValueError on the infeasible-budget path (GPT at 50%).
     `forward_ops_first` moves it before every backward op, and the bound is computed."""
-    from frontends.dynamo_joint import forward_ops_first
+    from frontends.compile.dynamo_joint import forward_ops_first
     from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
     from solvers.checkmate.data import prepare
 

@@ -1,5 +1,5 @@
 """Issue 23 under torch.compile: ``remat_backend(budget, split=k, split_mlp=m)`` splits the LM
-head + loss and the MLPs of the graph dynamo hands over (`frontends.compile_split`) before
+head + loss and the MLPs of the graph dynamo hands over (`frontends.compile.compile_split`) before
 AOTAutograd traces it. The compiled step is the same function (float64 loss, gradients and
 returned logits equal eager to 1e-10), its planned forward really runs the chunks, a plan fits
 below the smallest budget any unsplit schedule needs, and what cannot be split is refused with
@@ -19,9 +19,9 @@ from e2e_helpers import ROOT, clone, load_example, max_relative_error, train_ste
 from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed
 
-from frontends.compile_backend import inductor_available, remat_backend
-from frontends.mlp_split import MlpSplitError
-from frontends.row_split import RowSplitError
+from frontends.compile.compile_backend import inductor_available, remat_backend
+from frontends.split.mlp_split import MlpSplitError
+from frontends.split.row_split import RowSplitError
 from optimizer.ir.budget import resolve_budget
 from solvers.checkmate.min_budget import peak_lower_bound
 

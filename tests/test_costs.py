@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from frontends.capture import capture
-from frontends.costs import (
+from frontends.capture.step import capture
+from frontends.measure.costs import (
     FLOP_COUNT_MODEL,
     FLOPS_MODEL,
     PROFILE_MODEL,
@@ -19,7 +19,7 @@ from frontends.costs import (
     op_flops,
     roofline_model,
 )
-from frontends.devices import DEVICES, PRECISIONS, get_device
+from frontends.measure.devices import DEVICES, PRECISIONS, get_device
 
 N = 1024
 MATMUL_FLOPS = 2 * N**3

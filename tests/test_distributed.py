@@ -13,7 +13,7 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, max_relative_error
 
-from frontends.gloo_ranks import full_gradients, run_on_ranks
+from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.planning.distributed_budget import (
     DataParallelConfig,
@@ -115,9 +115,9 @@ def _train(rank: int, world_size: int) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from frontends.costed_capture import capture_with_costs
-    from frontends.rank_memory import ddp_bucket_bytes, measured_rank_peak
-    from frontends.remat_module import RematModule
+    from frontends.capture.costed_capture import capture_with_costs
+    from frontends.distributed.rank_memory import ddp_bucket_bytes, measured_rank_peak
+    from frontends.graph_runtime.remat_module import RematModule
 
     model, (idx, targets) = load_example("gpt", dropout=0.0)
     batch = ((idx + rank) % 256, (targets + 3 * rank) % 256)  # each rank its own micro-batch
@@ -196,8 +196,8 @@ def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from frontends.gloo_ranks import free_port
-    from frontends.sharding import ShardedSubmoduleError, check_no_sharded_submodules
+    from frontends.distributed.gloo_ranks import free_port
+    from frontends.guards.sharding import ShardedSubmoduleError, check_no_sharded_submodules
 
     model, _ = load_example("mlp")
     check_no_sharded_submodules(model)  # nothing sharded: fine

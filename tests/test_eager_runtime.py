@@ -19,9 +19,7 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
-from frontends.eager_checkpoint import recomputes_batch_norm
-from frontends.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
-from frontends.eager_runtime import (
+from frontends.eager_runtime.apply import (
     CheckpointPlanError,
     apply_checkpointing,
     checkpointed_modules,
@@ -29,6 +27,8 @@ from frontends.eager_runtime import (
     remove_checkpointing,
     save_checkpointing_plan,
 )
+from frontends.eager_runtime.eager_checkpoint import recomputes_batch_norm
+from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
 from optimizer.app.cli import EXIT_USAGE, main
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.ir.simulator import simulate

@@ -18,7 +18,8 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
-from frontends.eager_checkpoint import (
+from frontends.eager_runtime.apply import apply_checkpointing
+from frontends.eager_runtime.eager_checkpoint import (
     RegionPolicy,
     SplitPolicy,
     apply_regions,
@@ -29,10 +30,9 @@ from frontends.eager_checkpoint import (
     save_checkpointing_plan,
     split_modules,
 )
-from frontends.eager_runtime import apply_checkpointing
-from frontends.eager_split import EagerSplitError
-from frontends.mlp_split import MlpSplitError
-from frontends.row_split import RowSplitError
+from frontends.eager_runtime.eager_split import EagerSplitError
+from frontends.split.mlp_split import MlpSplitError
+from frontends.split.row_split import RowSplitError
 from optimizer.app.cli import main
 from solvers.base import InfeasibleBudgetError
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from e2e_helpers import EXAMPLES, clone, load_example, max_relative_error, measured_peak, train_step
 
-from frontends.capture import capture
+from frontends.capture.step import capture
 from optimizer import optimize
 from optimizer.ir.simulator import simulate
 from solvers.base import InfeasibleBudgetError

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.model_file import load_model_file
+from frontends.capture.model_file import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ["mlp", "gpt", "convnet"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch._functorch._aot_autograd import descriptors as aot_desc
 
-import frontends.capture as capture_module
-from frontends.capture import capture
-from frontends.export_passes import drop_identity_dropouts
+import frontends.capture.step as capture_module
+from frontends.capture.export_passes import drop_identity_dropouts
+from frontends.capture.step import capture
 from optimizer import optimize
 from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule

@@ -2,7 +2,7 @@
 
 capture traces the forward once; what it does outside tensors (Python and numpy random draws,
 counters on submodules and in module-level variables, module and tensor hooks, reseeding) would
-run once and never again (`frontends.forward_guards`). Each behaviour here, on a small model:
+run once and never again (`frontends.guards.forward_guards`). Each behaviour here, on a small model:
 `optimize` raises `UnreplayableForwardError` naming the thing and both ways on, leaves the
 model's attributes and the RNG states as they were, and plans with ``python_side_effects=
 "ignore"``; or the rewritten module matches eager over 3 steps. The same models under
@@ -24,10 +24,10 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.capture import CaptureError, UnreplayableForwardError
-from frontends.compile_backend import remat_backend
-from frontends.forward_guards import python_side_effects_policy
-from frontends.forward_state import plain_attributes
+from frontends.capture.step import CaptureError, UnreplayableForwardError
+from frontends.compile.compile_backend import remat_backend
+from frontends.guards.forward_guards import python_side_effects_policy
+from frontends.guards.forward_state import plain_attributes
 from optimizer import optimize
 from optimizer.app.cli import EXIT_TRACE, EXIT_VERIFY_FAILED, main
 from optimizer.app.verify import verify
@@ -375,7 +375,7 @@ def test_hooks_defined_inside_torch_are_not_refused():
 def test_the_policy_is_checked_and_can_be_set_for_callers_without_the_keyword():
     with pytest.raises(ValueError, match="python_side_effects='sometimes'"):
         optimize(Net(), inputs(), BUDGET, python_side_effects="sometimes")
-    from frontends.costed_capture import capture_with_costs
+    from frontends.capture.costed_capture import capture_with_costs
 
     with python_side_effects_policy("ignore"):
         captured = capture_with_costs(PythonRandom(), inputs(), None)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from e2e_helpers import max_relative_error
 
-from frontends.capture import CaptureError, capture
-from frontends.hf_training import USE_CACHE_NOTE
+from frontends.capture.step import CaptureError, capture
+from frontends.guards.hf_training import USE_CACHE_NOTE
 from optimizer import optimize
 from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
 from optimizer.ir.simulator import simulate

@@ -12,7 +12,7 @@ import pytest
 import torch
 from e2e_helpers import max_relative_error
 
-from frontends.capture import UnreplayableForwardError
+from frontends.capture.step import UnreplayableForwardError
 from optimizer import apply_checkpointing, optimize, remove_checkpointing
 
 VOCAB = 128

@@ -1,6 +1,6 @@
 """Issue 19: ``remat_backend(..., fit="inductor")`` plans for what Inductor will allocate.
 
-The search (`frontends.inductor_fit.fit_plan`) on a modelled staircase of plans (how recomputing
+The search (`frontends.compile.inductor_fit.fit_plan`) on a modelled staircase of plans (how recomputing
 one layer less moves the compiled peak), then once through Inductor on examples/mlp.py at 70%:
 the measured compiled peak lands in [95%, 100%] of the budget, the recomputation is no more than
 the unfitted plan's, the probe's prediction is the real compile's, and gradients equal eager.
@@ -15,9 +15,9 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, max_relative_error, resident_bytes, train_step
 
-from frontends.compile_backend import inductor_available, remat_backend
-from frontends.compiled_memory import profiled_peak
-from frontends.inductor_fit import fit_plan
+from frontends.compile.compile_backend import inductor_available, remat_backend
+from frontends.compile.compiled_memory import profiled_peak
+from frontends.compile.inductor_fit import fit_plan
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The compiled-step peak walk of `frontends.inductor_memory` on hand-written buffer plans.
+"""The compiled-step peak walk of `frontends.compile.inductor_memory` on hand-written buffer plans.
 
 Each case is small enough to add up by hand; Inductor's own plans are checked against the
 allocator in tests/test_compile_backend.py.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontends.inductor_memory import (
+from frontends.compile.inductor_memory import (
     BufferEvent,
     WrapperMemoryPlan,
     predict_compiled_peak,
@@ -94,7 +94,7 @@ def test_kernel_peak_measures_a_float64_convolutions_workspace():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from frontends.kernel_workspace import kernel_peak_bytes
+    from frontends.measure.kernel_workspace import kernel_peak_bytes
 
     graph = torch.fx.Graph()
     x, w = graph.placeholder("x"), graph.placeholder("w")
@@ -119,7 +119,7 @@ def test_the_backward_is_probed_with_the_layouts_the_compiled_forward_gave_its_s
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from frontends.inductor_memory import _backward_example_inputs, _saved_counts
+    from frontends.compile.inductor_memory import _backward_example_inputs, _saved_counts
 
     forward, backward = torch.fx.Graph(), torch.fx.Graph()
     x = forward.placeholder("x")

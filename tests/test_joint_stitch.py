@@ -1,6 +1,6 @@
 """Long loops: the joint written from three short traces is the joint AOTAutograd traces whole.
 
-`frontends.joint_stitch` is only trusted where it reproduces traced joints; these tests hold it
+`frontends.capture.joint_stitch` is only trusted where it reproduces traced joints; these tests hold it
 to the whole trace itself on loops of several kinds (plain cells, a multi-output op, dropout,
 a state of two tensors), check that a loop it cannot cut falls back to the whole trace, and run
 the rewritten module of a stitched capture against eager autograd.
@@ -15,11 +15,11 @@ import torch
 from e2e_helpers import max_relative_error, measured_peak, train_step
 from torch import nn
 
-import frontends.capture
-import frontends.joint_stitch
-from frontends.capture import capture
-from frontends.joint_stitch import canonical_form, joint_of_long_loop
-from frontends.repeated_body import NotRepeated, collapse_run, find_repeated_run
+import frontends.capture.joint_stitch
+import frontends.capture.step
+from frontends.capture.joint_stitch import canonical_form, joint_of_long_loop
+from frontends.capture.repeated_body import NotRepeated, collapse_run, find_repeated_run
+from frontends.capture.step import capture
 from optimizer import optimize
 
 STEPS = 40
@@ -124,7 +124,7 @@ def test_a_stitch_that_fails_its_check_leaves_the_whole_trace_as_it_would_be(mon
         assert len(joints) == 3
         raise NotRepeated("test: no recipe")
 
-    monkeypatch.setattr(frontends.joint_stitch, "learn_stitch", no_recipe)
+    monkeypatch.setattr(frontends.capture.joint_stitch, "learn_stitch", no_recipe)
     torch.manual_seed(0)
     fallback = capture(model, (torch.randn(4, 8),))
     assert fallback.stitched_loop is None
@@ -163,7 +163,7 @@ def test_a_stitched_plan_gives_eagers_gradients_at_its_predicted_peak(monkeypatc
         stitched.append(made is not None)
         return made
 
-    monkeypatch.setattr(frontends.capture, "joint_of_long_loop", recorded)
+    monkeypatch.setattr(frontends.capture.step, "joint_of_long_loop", recorded)
     torch.manual_seed(0)
     model = Residual(nn.Sequential(nn.Linear(16, 16), nn.Tanh()), steps=60).double()
     x = torch.randn(32, 16, dtype=torch.float64)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from import_layers import (
+    MAX_MODULES_PER_FOLDER,
     all_imports,
+    crowded_folders,
     import_cycles,
     layer_of,
     project_modules,
@@ -56,18 +58,19 @@ def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
     for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     return tmp_path
 
 
 def test_an_upward_import_fails(tmp_path):
     root = _fake_tree(tmp_path, {
-        "frontends/capture.py": "import torch\n",
-        "optimizer/ir/graph.py": "from frontends.capture import capture\n",  # IR -> frontends: wrong
+        "frontends/capture/step.py": "import torch\n",
+        "optimizer/ir/graph.py": "from frontends.capture.step import capture\n",  # IR -> frontends: wrong
         "solvers/greedy.py": "from optimizer.ir import graph\n",  # solvers -> IR: right
     })
     bad = upward_imports(root)
-    assert [(i.importer, i.imported) for i in bad] == [("optimizer.ir.graph", "frontends.capture")]
+    assert [(i.importer, i.imported) for i in bad] == [("optimizer.ir.graph", "frontends.capture.step")]
 
 
 def test_a_hidden_upward_import_fails_too(tmp_path):
@@ -87,6 +90,24 @@ def test_a_cycle_and_an_unexplained_local_import_fail(tmp_path):
     assert import_cycles(root) == [["solvers.auto", "solvers.hierarchical"]]
     assert [(i.importer, i.imported) for i in unexplained_local_imports(root)] == [
         ("solvers.hierarchical", "solvers.auto")]
+
+
+def test_no_frontends_folder_holds_more_than_twelve_modules():
+    assert crowded_folders(ROOT) == {}
+    assert MAX_MODULES_PER_FOLDER == 12
+    folders = {p.parent for p in (ROOT / "frontends").rglob("*.py")}
+    assert len(folders) > 1  # the check sees the subpackages, not only frontends/ itself
+
+
+def test_a_crowded_folder_fails(tmp_path):
+    files = {f"frontends/capture/m{i}.py": "" for i in range(13)}
+    files.update({f"frontends/split/m{i}.py": "" for i in range(12)})  # 12: allowed
+    root = _fake_tree(tmp_path, files)
+    (root / "frontends" / "capture" / "__init__.py").write_text("")  # not counted
+    assert crowded_folders(root) == {"frontends/capture": 13}
+    for i in range(13):
+        (root / "frontends" / f"top{i}.py").write_text("")
+    assert crowded_folders(root) == {"frontends": 13, "frontends/capture": 13}
 
 
 TORCH_FREE_LAYERS = ("optimizer.ir", "solvers", "optimizer.planning")

@@ -21,7 +21,7 @@ from exhaustive import exhaustive_optimum
 from graphs import op
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-import frontends.capture
+import frontends.capture.step
 import solvers.auto
 import solvers.baselines
 import solvers.chain_model
@@ -410,11 +410,11 @@ def test_capture_traces_without_cyclic_collections_and_restores_the_collector(mo
         finally:
             tracing[0] = False
 
-    monkeypatch.setattr(frontends.capture, "aot_export_joint_with_descriptors", traced)
+    monkeypatch.setattr(frontends.capture.step, "aot_export_joint_with_descriptors", traced)
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
     gc.callbacks.append(count)
     try:
-        step = frontends.capture.capture(model, (torch.randn(2, 4),))
+        step = frontends.capture.step.capture(model, (torch.randn(2, 4),))
     finally:
         gc.callbacks.remove(count)
     assert len(step.graph.ops) > 20
@@ -435,7 +435,7 @@ def test_capture_generates_the_joints_code_only_when_read(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
-    step = frontends.capture.capture(model, (torch.randn(2, 4),))
+    step = frontends.capture.step.capture(model, (torch.randn(2, 4),))
     assert generated and not any(g is step.gm.graph for g in generated)  # export's modules did
     assert isinstance(step.gm, torch.fx.GraphModule)
     code = step.gm.code
@@ -451,7 +451,7 @@ def _fx_trees(step) -> list:
 
 
 def test_flat_leaves_are_pytrees_leaves() -> None:
-    """`frontends.fx_leaves.flat_leaves` (the IR's fast flatten) returns tree_flatten's leaves in
+    """`frontends.capture.fx_leaves.flat_leaves` (the IR's fast flatten) returns tree_flatten's leaves in
     tree_flatten's order: for every node's arguments and value of a captured step, and for the
     containers it hands to pytree (namedtuples, OrderedDict, deque, torch.Size)."""
     from collections import OrderedDict, deque, namedtuple
@@ -459,7 +459,7 @@ def test_flat_leaves_are_pytrees_leaves() -> None:
     from torch.fx.immutable_collections import immutable_dict, immutable_list
     from torch.utils._pytree import tree_flatten
 
-    from frontends.fx_leaves import flat_leaves
+    from frontends.capture.fx_leaves import flat_leaves
 
     pair = namedtuple("pair", "a b")
     t = torch.ones(2)
@@ -468,7 +468,7 @@ def test_flat_leaves_are_pytrees_leaves() -> None:
              {"z": 1, "a": [pair(1, 2), torch.float32, torch.device("cpu")]}, ((), [], {})]
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Dropout(0.1),
                                 torch.nn.GELU(), torch.nn.Linear(8, 2))
-    trees += _fx_trees(frontends.capture.capture(model, (torch.randn(4, 8),)))
+    trees += _fx_trees(frontends.capture.step.capture(model, (torch.randn(4, 8),)))
     for tree in trees:
         expected = tree_flatten(tree)[0]
         got = flat_leaves(tree)
@@ -480,15 +480,15 @@ def test_ir_is_the_same_with_pytrees_flatten(monkeypatch) -> None:
     bytes, costs, inputs, groups), on a step with multi-output ops, kwargs and random ops."""
     from torch.utils._pytree import tree_flatten
 
-    import frontends.costs
+    import frontends.measure.costs
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Dropout(0.1),
                                 torch.nn.GELU(), torch.nn.Linear(8, 2))
-    step = frontends.capture.capture(model, (torch.randn(4, 8),))
-    fast = frontends.capture.build_remat_graph(step.gm)
-    for module in (frontends.capture, frontends.costs):
+    step = frontends.capture.step.capture(model, (torch.randn(4, 8),))
+    fast = frontends.capture.step.build_remat_graph(step.gm)
+    for module in (frontends.capture.step, frontends.measure.costs):
         monkeypatch.setattr(module, "flat_leaves", lambda tree: tree_flatten(tree)[0])
-    assert frontends.capture.build_remat_graph(step.gm) == fast
+    assert frontends.capture.step.build_remat_graph(step.gm) == fast
     assert any(len(members) > 1 for members in fast[0].groups.values())  # layer norm's siblings
 
 
@@ -521,12 +521,12 @@ def test_hierarchical_skips_recompute_all_past_its_cap(monkeypatch) -> None:
     assert "recompute-all -" in answer.message
 
 
-@pytest.mark.skipif(frontends.capture.resource is None, reason="no POSIX stack limit here")
+@pytest.mark.skipif(frontends.capture.step.resource is None, reason="no POSIX stack limit here")
 def test_capture_traces_with_the_hard_stack_limit_and_restores_it(monkeypatch) -> None:
     """AOTAutograd's joint trace recurses in C through the autograd graph: a 10,000-step loop
     overflowed the 8 MiB soft stack limit (a segmentation fault). The trace runs with the hard
     limit; the caller's limit is back after capture."""
-    resource = frontends.capture.resource
+    resource = frontends.capture.step.resource
     before = resource.getrlimit(resource.RLIMIT_STACK)
     seen: list[tuple[int, int]] = []
 
@@ -534,8 +534,8 @@ def test_capture_traces_with_the_hard_stack_limit_and_restores_it(monkeypatch) -
         seen.append(resource.getrlimit(resource.RLIMIT_STACK))
         return aot_export_joint_with_descriptors(*args, **kwargs)
 
-    monkeypatch.setattr(frontends.capture, "aot_export_joint_with_descriptors", traced)
-    frontends.capture.capture(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    monkeypatch.setattr(frontends.capture.step, "aot_export_joint_with_descriptors", traced)
+    frontends.capture.step.capture(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     assert seen == [(before[1], before[1])]
     assert resource.getrlimit(resource.RLIMIT_STACK) == before
 

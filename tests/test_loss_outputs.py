@@ -1,4 +1,4 @@
-"""``outputs="loss"`` (`frontends.output_selection`): the step returns the losses only (None in
+"""``outputs="loss"`` (`frontends.capture.output_selection`): the step returns the losses only (None in
 place of the logits), has the gradients of the whole, unsplit step (float64, 1e-10), and its
 predicted peak drops; the plan message that asks for it names the option; a model without a
 scalar loss is refused in one line. (A transformers ``ModelOutput`` coming back with only ``loss``
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.capture import capture
-from frontends.output_selection import NoLossOutputError
+from frontends.capture.output_selection import NoLossOutputError
+from frontends.capture.step import capture
 from optimizer import optimize
 from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule

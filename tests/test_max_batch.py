@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.capture import capture
-from frontends.meta_capture import MetaCapturer, infer_batch, inputs_at_batch, meta_copy
+from frontends.capture.meta_capture import MetaCapturer, infer_batch, inputs_at_batch, meta_copy
+from frontends.capture.step import capture
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.simulator import simulate
 from optimizer.planning.batch_search import BatchFit, cheap_fit, find_max_batches, search_max_batch

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.capture import capture
-from frontends.measure import StepMeasurement, measure_step
-from frontends.model_file import load_model_file
-from frontends.remat_module import RematModule
+from frontends.capture.model_file import load_model_file
+from frontends.capture.step import capture
+from frontends.graph_runtime.remat_module import RematModule
+from frontends.measure.step import StepMeasurement, measure_step
 from optimizer.planning.planner import plan_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from frontends.memory_tracker import MemoryMeasurement, track_live_memory
+from frontends.measure.memory_tracker import MemoryMeasurement, track_live_memory
 
 MB = 1_000_000
 FLOATS_PER_MB = MB // 4

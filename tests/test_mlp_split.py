@@ -1,4 +1,4 @@
-"""The token-chunked MLP (`frontends.mlp_split`): the split step is the same function (float64
+"""The token-chunked MLP (`frontends.split.mlp_split`): the split step is the same function (float64
 gradients to 1e-10 on the GPT example, transformers' GPT-2 (Conv1D) and Llama (SwiGLU), eager and through a
 plan that recomputes MLP chunks), it lowers the smallest feasible budget below what any unsplit
 schedule needs, ``split="auto"`` searches it, and chains it cannot split exactly are skipped and
@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frontends.capture import capture
-from frontends.mlp_split import split_mlps
-from frontends.remat_module import RematModule
-from frontends.row_split import RowSplitError, split_rows
+from frontends.capture.step import capture
+from frontends.graph_runtime.remat_module import RematModule
+from frontends.split.mlp_split import split_mlps
+from frontends.split.row_split import RowSplitError, split_rows
 from optimizer import optimize
 from optimizer.ir.simulator import simulate
 from optimizer.planning.planner import plan_graph

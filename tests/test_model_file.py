@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from frontends.model_file import ModelFileError, load_model_file
+from frontends.capture.model_file import ModelFileError, load_model_file
 
 GOOD = """
 import torch

@@ -20,7 +20,7 @@ from e2e_helpers import (
 )
 from torch import nn
 
-from frontends.model_file import load_model_file
+from frontends.capture.model_file import load_model_file
 from optimizer import optimize
 
 NEW_EXAMPLES = ("vit", "resnet", "unet")

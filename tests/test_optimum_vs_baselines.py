@@ -40,7 +40,7 @@ def _example_module(name: str):
 
 @lru_cache(maxsize=None)
 def _graph(name: str) -> RematGraph:
-    from frontends.capture import capture
+    from frontends.capture.step import capture
 
     if name == "mlp":
         mlp = _example_module("mlp")

@@ -1,12 +1,12 @@
-"""`frontends.resize_tracker`: storages grown and shrunk in place count, as FSDP2's do."""
+"""`frontends.measure.resize_tracker`: storages grown and shrunk in place count, as FSDP2's do."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from frontends.memory_tracker import track_live_memory
-from frontends.resize_tracker import track_live_memory_with_resizes
+from frontends.measure.memory_tracker import track_live_memory
+from frontends.measure.resize_tracker import track_live_memory_with_resizes
 
 
 def _emptied(n_floats: int) -> torch.Tensor:

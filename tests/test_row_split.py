@@ -1,4 +1,4 @@
-"""Splitting the LM head and its loss into row chunks (`frontends.row_split`): the split step is
+"""Splitting the LM head and its loss into row chunks (`frontends.split.row_split`): the split step is
 the same function (float64 gradients to 1e-10, eager and through a remat plan), it lowers the
 smallest feasible budget below what any unsplit schedule needs, and chains that mix rows are
 refused with `RowSplitError`."""
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frontends.capture import capture
-from frontends.row_split import RowSplitError, split_rows
+from frontends.capture.step import capture
+from frontends.split.row_split import RowSplitError, split_rows
 from optimizer import optimize
 from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions

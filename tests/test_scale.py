@@ -6,7 +6,7 @@ import torch
 from graphs import chain, random_graph
 
 from examples import gpt, gpt2, mlp
-from frontends.capture import capture
+from frontends.capture.step import capture
 from optimizer.app.meta_plan import plan_without_hardware
 from optimizer.ir.simulator import simulate
 from solvers import get_solver

@@ -16,7 +16,7 @@ import pytest
 import torch
 from e2e_helpers import example_path, load_example
 
-from frontends.costed_capture import capture_with_costs
+from frontends.capture.costed_capture import capture_with_costs
 from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule

@@ -42,7 +42,7 @@ def small_mlp():
 
 @pytest.fixture(scope="module")
 def mlp_sweep():
-    from frontends.meta_capture import MetaCapturer
+    from frontends.capture.meta_capture import MetaCapturer
     from optimizer.app.whatif import _torch_points
 
     captured = MetaCapturer(*small_mlp()).at()

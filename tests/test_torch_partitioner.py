@@ -10,8 +10,8 @@ import torch
 from e2e_helpers import example_path, load_example
 from test_sweep import small_mlp
 
-from frontends.meta_capture import MetaCapturer
-from frontends.torch_partitioner import partition_schedule, partition_schedules
+from frontends.capture.meta_capture import MetaCapturer
+from frontends.compile.torch_partitioner import partition_schedule, partition_schedules
 from optimizer.ir.graph import Phase
 from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule
@@ -65,7 +65,7 @@ def test_random_ops_torch_replays_are_replayed():
     step = MetaCapturer(gpt.GPT(n_layers=1, dropout=0.1), gpt.get_inputs()).at()
     part = partition_schedule(step, 0.0)  # saves only inputs: torch replays dropout in backward
     assert part.schedule is not None, part.message
-    assert not part.run_once_kept  # dropout replays its saved generator state (frontends.rng_replay)
+    assert not part.run_once_kept  # dropout replays its saved generator state (frontends.graph_runtime.rng_replay)
     counts = part.schedule.compute_counts()
     dropouts = [n.name for n in step.graph.ops if n.replays_rng]
     assert dropouts and all(counts[name] == 2 for name in dropouts)
@@ -89,7 +89,7 @@ def test_random_ops_that_cannot_replay_are_kept_from_forward():
 
 
 def test_torch_failure_is_a_reported_result_not_an_error(mlp_step, monkeypatch):
-    import frontends.torch_partitioner as tp
+    import frontends.compile.torch_partitioner as tp
 
     def broken(*args, **kwargs):
         raise RuntimeError("Cannot save running_mean: mutated in forward\nmore detail")

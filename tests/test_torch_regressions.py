@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from e2e_helpers import load_example, max_relative_error, train_step
 
-from frontends.capture import capture
-from frontends.rng_replay import RNG_STATE_OP
+from frontends.capture.step import capture
+from frontends.graph_runtime.rng_replay import RNG_STATE_OP
 from frontends.torch_compat import FakeTensor
 from optimizer import optimize
 

@@ -13,11 +13,11 @@ from e2e_helpers import example_path, max_relative_error
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from frontends.capture import capture
-from frontends.compile_backend import remat_backend
-from frontends.measure import measure_step
-from frontends.remat_module import InputMismatchError
-from frontends.rng_replay import replay
+from frontends.capture.step import capture
+from frontends.compile.compile_backend import remat_backend
+from frontends.graph_runtime.remat_module import InputMismatchError
+from frontends.graph_runtime.rng_replay import replay
+from frontends.measure.step import measure_step
 from optimizer import optimize, plan_only
 from solvers.base import SolverOptions
 from solvers.checkmate.min_budget import smallest_feasible_budget

@@ -12,7 +12,7 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step
 
-from frontends.remat_module import InputMismatchError
+from frontends.graph_runtime.remat_module import InputMismatchError
 from optimizer import optimize
 
 TIGHT = "60%"
@@ -53,7 +53,7 @@ def test_dropout_is_bitwise_equal_to_store_all_over_several_steps():
 def test_batchnorm_running_stats_match_plain_training_over_ten_steps():
     model, inputs, rm = _plan("convnet")
     reference = clone(model)
-    # a batch norm recomputed in backward uses the stats-free overload (see frontends/rewrite.py)
+    # a batch norm recomputed in backward uses the stats-free overload (see frontends/graph_runtime/rewrite.py)
     assert "_native_batch_norm_legit.no_stats" in rm.backward_graph.code
     for module in (rm, reference):
         opt = torch.optim.SGD(module.parameters(), lr=0.01)
@@ -160,8 +160,8 @@ def test_changed_input_dtype_or_a_static_plan_is_a_clear_error():
 
 
 def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
-    from frontends.costed_capture import capture_with_costs
-    from frontends.remat_module import RematModule
+    from frontends.capture.costed_capture import capture_with_costs
+    from frontends.graph_runtime.remat_module import RematModule
     from optimizer.planning.planner import plan_graph
 
     model, inputs = load_example("mlp")

@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from frontends.capture import CapturedStep, capture
-from frontends.costed_capture import capture_with_costs
-from frontends.output_selection import check_outputs
-from frontends.remat_module import RematModule, ShapePolicy
+from frontends.capture.costed_capture import capture_with_costs
+from frontends.capture.output_selection import check_outputs
+from frontends.capture.step import CapturedStep, capture
+from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
 from optimizer.app.split_plan import check_split, chunks_of, plan_with_split
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import parse_bytes
@@ -49,13 +49,13 @@ def optimize(
     schedules (``chen``, ``chen-greedy``, ``blocks``, ``revolve``, ``chain-dp``), ``store-all``
     and ``recompute-all``. ``rm(*example_inputs)`` returns what ``model(*example_inputs)`` returns;
     ``rm.plan`` says what was decided and predicted. ``cost_model`` is ``flops``,
-    ``roofline:<device>`` (see `frontends.devices`) or ``profile`` (measured on the device the
+    ``roofline:<device>`` (see `frontends.measure.devices`) or ``profile`` (measured on the device the
     model lives on); ``allocator`` adds a CUDA allocator's rounding and margins to the peaks.
     ``grad_outputs="losses"`` plans a model that returns a scalar loss next to other outputs
     (``(loss, logits)``) for ``loss.backward()``: the other outputs carry no gradient, as under
     plain autograd, and backward through them raises; ``"all"`` plans backward from every output.
     ``python_side_effects="error"`` (default) refuses, with
-    `frontends.capture.UnreplayableForwardError`, a forward that does in Python what the captured
+    `frontends.capture.step.UnreplayableForwardError`, a forward that does in Python what the captured
     graph cannot replay (Python or numpy random draws, attributes it changes, module hooks,
     tensor hooks registered in forward, reseeding; README "What the graph runtime preserves");
     ``"ignore"`` plans it with the values of capture time.
@@ -63,16 +63,16 @@ def optimize(
     Input sizes (README "Input sizes"): the module runs inputs of any size up to the planned
     one in every dimension (a smaller last batch, a shorter sequence) with the planned schedule,
     captured again once per new size and simulated there, so the peak never exceeds the planned
-    one. A larger input raises `frontends.remat_module.InputMismatchError` naming the planned
+    one. A larger input raises `frontends.graph_runtime.remat_module.InputMismatchError` naming the planned
     sizes (``on_larger="error"``) or is planned afresh at ``budget`` (``"replan"``); the last 8
     sizes are kept. ``static=True`` runs the planned sizes only.
 
     ``split`` (README "Splitting huge ops"): ``k`` runs the LM head and its loss in k chunks of
     token rows, so the whole logits, log-softmax and gradient no longer set the memory floor
-    (`frontends.row_split`); ``"auto"`` plans k in `optimizer.app.split_plan.SPLIT_CHOICES` and
+    (`frontends.split.row_split`); ``"auto"`` plans k in `optimizer.app.split_plan.SPLIT_CHOICES` and
     keeps the cheapest plan that fits (the message says which k); None (default): no split.
     ``split_mlp`` likewise runs every MLP (``linear -> gelu/silu/... -> linear``, SwiGLU too) in
-    m chunks of token rows (`frontends.mlp_split`), so its wide intermediate exists one chunk at
+    m chunks of token rows (`frontends.split.mlp_split`), so its wide intermediate exists one chunk at
     a time where the plan recomputes it; None (default) means 1, or, under ``split="auto"``, that
     the MLPs are searched too (m = 2, 4, 8 with the head's best k).
     ``outputs="loss"`` (README "Splitting huge ops") plans and returns the scalar losses only: the

@@ -1,7 +1,7 @@
 """``remat-opt MODEL.py --budget 16GB``: plan a model file's training step and report it.
 
 ``remat-opt MODEL.py --budget B --runtime eager --emit plan.json`` plans torch.utils.checkpoint
-regions for the model itself instead (`frontends.eager_runtime`); ``load_checkpointing(model,
+regions for the model itself instead (`frontends.eager_runtime.apply`); ``load_checkpointing(model,
 "plan.json")`` applies the file.
 
 ``remat-opt verify MODEL.py --budget B`` runs the plan and plain autograd in float64 and
@@ -32,7 +32,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from frontends.devices import get_device
+from frontends.measure.devices import get_device
 from optimizer.app.report import render_terminal, write_files
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import BudgetError, format_bytes, parse_bytes, resolve_budget
@@ -208,7 +208,7 @@ def _budget(args: argparse.Namespace) -> str | int:
 
 
 def _load(args: argparse.Namespace):
-    from frontends.model_file import (  # heavy: torch, not imported for --help or a usage error
+    from frontends.capture.model_file import (  # heavy: torch, not imported for --help or a usage error
         ModelFileError,
         load_model_file,
     )
@@ -223,7 +223,7 @@ def _load(args: argparse.Namespace):
 def _side_effects_policy(args: argparse.Namespace):
     """--python-side-effects for every capture inside, also those reached without the keyword
     (what-if reports, --meta, per-rank plans)."""
-    from frontends.forward_guards import (  # heavy: torch, not imported for --help or a usage error
+    from frontends.guards.forward_guards import (  # heavy: torch, not imported for --help or a usage error
         python_side_effects_policy,
     )
 
@@ -234,10 +234,10 @@ def _side_effects_policy(args: argparse.Namespace):
 @contextlib.contextmanager
 def _planning_errors(budget: str | int):
     """Turn the planner's errors into one-line CLI errors with their exit codes."""
-    from frontends.capture import CaptureError  # heavy: torch, not imported for --help or a usage error
-    from frontends.mlp_split import MlpSplitError  # heavy: torch, not imported for --help or a usage error
-    from frontends.output_selection import NoLossOutputError  # heavy: torch, as below
-    from frontends.row_split import RowSplitError  # heavy: torch, not imported for --help or a usage error
+    from frontends.capture.output_selection import NoLossOutputError  # heavy: torch, as below
+    from frontends.capture.step import CaptureError  # heavy: torch, not imported for --help or a usage error
+    from frontends.split.mlp_split import MlpSplitError  # heavy: torch, not imported for --help or a usage error
+    from frontends.split.row_split import RowSplitError  # heavy: torch, not imported for --help or a usage error
 
     try:
         yield
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> str:
     plan = module.plan
     measured = None
     if args.measure:
-        from frontends.measure import measure_step  # heavy: torch, not imported for --help or a usage error
+        from frontends.measure.step import measure_step  # heavy: torch, not imported for --help or a usage error
 
         measured = measure_step(module, inputs)
     if args.json:
@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> str:
 
 def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, split_mlp: int | None = None) -> str:
     """--runtime eager: plan checkpoint regions for the model itself; --emit writes the plan."""
-    from frontends.eager_runtime import apply_checkpointing, describe  # heavy: torch, not imported for --help
+    from frontends.eager_runtime.apply import apply_checkpointing, describe  # heavy: torch, not imported for --help
 
     for flag, given in (("--save-graphs", args.save_graphs), ("--device", args.device)):
         if given:
@@ -346,7 +346,7 @@ def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, spli
                                    python_side_effects=args.python_side_effects, split_mlp=split_mlp)
     report = f"{args.model}\n" + describe(plan)
     if args.measure:
-        from frontends.measure import measure_step  # heavy: torch, not imported for --help or a usage error
+        from frontends.measure.step import measure_step  # heavy: torch, not imported for --help or a usage error
 
         measured = measure_step(model, inputs)
         report += (f"\nmeasured peak {format_bytes(measured.peak_bytes)}"
@@ -487,7 +487,9 @@ def _progress_bar(total: int | None):
 
 def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, allocator) -> str:
     """--world-size N --strategy ddp|fsdp: plan one rank and report its per-rank budget terms."""
-    from frontends.data_parallel import plan_model_for_rank  # heavy: torch, not imported for --help or a usage error
+    from frontends.distributed.data_parallel import (
+        plan_model_for_rank,  # heavy: torch, not imported for --help or a usage error
+    )
 
     if args.world_size is None or args.strategy is None:
         raise CliError("--world-size and --strategy go together, e.g. --world-size 8 --strategy fsdp",
@@ -524,7 +526,7 @@ def _device_settings(args: argparse.Namespace):
         allocator = AllocatorModel()
         if budget is None:
             budget = device.memory_bytes
-    from frontends.costs import cost_model_from_name  # heavy: torch, not imported for --help or a usage error
+    from frontends.measure.costs import cost_model_from_name  # heavy: torch, not imported for --help or a usage error
 
     try:
         cost_model_from_name(cost_model)

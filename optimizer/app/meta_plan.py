@@ -1,7 +1,7 @@
 """Plan a model that does not fit in this machine's memory: shapes only, nothing runs.
 
 The model is built on the meta device (or given as FakeTensors), captured as FakeTensors on CPU
-(`frontends.fakify`: the same graph and byte counts as a real capture), planned by a solver
+(`frontends.capture.fakify`: the same graph and byte counts as a real capture), planned by a solver
 that scales (``hierarchical`` by default) and reported. No parameter, activation or gradient is
 ever allocated, so GPT-2-XL's 48 x 1600 training step plans on a laptop.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from frontends.costed_capture import capture_with_costs
+from frontends.capture.costed_capture import capture_with_costs
 from frontends.torch_compat import FakeTensor, tree_map
 from optimizer.ir.plan import Plan
 from optimizer.ir.plan_text import format_plan

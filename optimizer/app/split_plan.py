@@ -1,5 +1,5 @@
-"""Choose how many row chunks the LM head and loss (`frontends.row_split`) and the MLPs
-(`frontends.mlp_split`) run in, by capturing and planning each candidate.
+"""Choose how many row chunks the LM head and loss (`frontends.split.row_split`) and the MLPs
+(`frontends.split.mlp_split`) run in, by capturing and planning each candidate.
 
 The search itself (which candidates, in which order, the cheapest plan that fits, the message)
 is `optimizer.planning.split_search`, shared with the compile backend's ``split="auto"``; this
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from frontends.capture import CapturedStep
-from frontends.row_split import RowSplitError, check_chunks
+from frontends.capture.step import CapturedStep
+from frontends.split.row_split import RowSplitError, check_chunks
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.plan import Plan
 from optimizer.planning.split_search import SPLIT_CHOICES, Candidate, search_splits, split_choices
@@ -48,7 +48,7 @@ def plan_with_split(capture: Callable[[int, int], CapturedStep],
 
     ``capture(k, m)`` captures the step with the head in k and the MLPs in m row chunks;
     ``plan(captured, budget_bytes)`` plans it. An explicit split that cannot be made raises
-    `frontends.row_split.RowSplitError`; ``auto`` then plans without it and says why in the
+    `frontends.split.row_split.RowSplitError`; ``auto`` then plans without it and says why in the
     plan's message. Raises the `InfeasibleBudgetError` naming the smallest budget any candidate
     needs when none fits.
     """

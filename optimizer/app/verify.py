@@ -5,7 +5,7 @@ healthy; anything near 1e-3 means recomputation changed the math.
 
 Both runs also take a second, consecutive step (after an SGD update), seeded once before the
 first (Python's ``random``, numpy and torch): what capture froze into the graph (a Python
-random draw, a counter, a reseeded generator; see `frontends.forward_guards`) shows up as a
+random draw, a counter, a reseeded generator; see `frontends.guards.forward_guards`) shows up as a
 second step, or a model state (buffers, plain attributes), that differs from plain autograd's.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from frontends.forward_state import differing_attributes, plain_attributes
-from frontends.memory_tracker import track_live_memory
-from frontends.rng_states import numpy_random
+from frontends.guards.forward_state import differing_attributes, plain_attributes
+from frontends.guards.rng_states import numpy_random
+from frontends.measure.memory_tracker import track_live_memory
 from optimizer.app.api import optimize
 
 GRADIENT_TOLERANCE = 1e-10

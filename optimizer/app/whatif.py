@@ -2,11 +2,11 @@
 draw the timeline, and gather it all into one `WhatIfReport`.
 
 Before a run users ask "what fits, at what cost?" and "which GPU should I rent?". Answering
-needs no hardware: the step is captured with meta tensors (`frontends.meta_capture.MetaCapturer`,
+needs no hardware: the step is captured with meta tensors (`frontends.capture.meta_capture.MetaCapturer`,
 optionally cast to another dtype), costed with a roofline for the chosen device, and every
 strategy's schedule is simulated. This module only orchestrates; the work is in
 `optimizer.planning.sweep`, `optimizer.planning.batch_search`, `optimizer.ir.timeline`, `optimizer.app.plots` and
-`frontends.torch_partitioner`.
+`frontends.compile.torch_partitioner`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Callable
 
-from frontends.meta_capture import MetaCapturer
-from frontends.torch_partitioner import partition_schedules
+from frontends.capture.meta_capture import MetaCapturer
+from frontends.compile.torch_partitioner import partition_schedules
 from optimizer.app.report import GraphFacts, WhatIfReport, WhatIfSettings
 from optimizer.ir.allocator import AllocatorModel
 from optimizer.ir.budget import resolve_budget

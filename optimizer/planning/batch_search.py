@@ -10,7 +10,7 @@ the model's parameters and the inputs become meta tensors, so capture allocates 
 batch of 10^6 costs what a batch of 1 does. The search assumes what holds for training steps:
 a batch that does not fit is not followed by a larger one that does.
 
-The search is pure; `frontends.meta_capture.MetaCapturer` captures the steps it asks for.
+The search is pure; `frontends.capture.meta_capture.MetaCapturer` captures the steps it asks for.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ RECENTRE = 3
 
 
 class BatchCapturer(Protocol):
-    """What the search needs of a capture at any batch size (`frontends.meta_capture.MetaCapturer`
+    """What the search needs of a capture at any batch size (`frontends.capture.meta_capture.MetaCapturer`
     is the torch implementation): the graph at a batch (predicted where a checked fit covers
     it), the captured step where a strategy needs torch's graph, and the example's batch."""
 

@@ -19,7 +19,7 @@ disjoint regions, so is recomputation), solved exactly on a Pareto front; the si
 confirms the cheapest selection that fits. The same front gives a lower bound valid for the whole
 family: every plan whose boundary is over the budget is infeasible.
 
-A split MLP (``split_mlp``, `frontends.eager_split`) adds, below the MLP, one region per row
+A split MLP (``split_mlp``, `frontends.eager_runtime.eager_split`) adds, below the MLP, one region per row
 chunk with one option, `CHUNKED` (its own checkpoint), chosen for all chunks of the MLP at once.
 
 Pure Python over the IR: no torch.

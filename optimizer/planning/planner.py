@@ -65,7 +65,7 @@ def plan_graph(
 def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
                       allocator: AllocatorModel | None = None, message: str = "") -> Plan:
     """The plan ``like``'s schedule makes on ``graph``: the same step at other input sizes
-    (see `frontends.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
+    (see `frontends.graph_runtime.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
     return plan_from_schedule(graph, schedule, budget_bytes, solver=like.solver, status=like.status,
                               allocator=allocator, graph_nodes=like.graph_nodes, message=message)
 

@@ -11,9 +11,9 @@ a plan recomputes nothing. Percentage budgets stay percentages of the unsplit st
 peak (plain autograd's), whatever is chosen.
 
 What a capture is (`optimize`'s `CapturedStep`, the compile backend's joint graph of one
-dynamo graph) and which error says a split cannot be made (`frontends.row_split.RowSplitError`)
+dynamo graph) and which error says a split cannot be made (`frontends.split.row_split.RowSplitError`)
 belong to the frontends; this module only needs the capture's ``graph`` (a `RematGraph`) and is
-told the error type, so both `optimizer.app.split_plan` and `frontends.compile_backend` run the
+told the error type, so both `optimizer.app.split_plan` and `frontends.compile.compile_backend` run the
 same search, and read ``split`` / ``split_mlp`` the same way (`split_choices`).
 """
 

@@ -9,7 +9,7 @@ people know, so their points land on one Pareto plot:
 - budget-taking strategies (remat-opt's solver, chen-greedy, chain-dp, revolve, greedy) are
   planned at every budget: a curve; a budget they cannot meet is an ``infeasible`` point;
 - external schedules (PyTorch's min-cut partitioner at its own budgets, made by
-  `frontends.torch_partitioner`) arrive ready-made and are simulated here like the rest.
+  `frontends.compile.torch_partitioner`) arrive ready-made and are simulated here like the rest.
 
 Every point is simulated, allocator rounding and margins included. A point's
 raw numbers are what its strategy produced at that budget; `SweepResult.best_at` answers "the

@@ -1,0 +1,290 @@
+"""Which aten ops eager PyTorch runs in each module, and how they line up with the captured graph.
+
+Why: the eager runtime's selective-checkpoint policy sees dispatcher-level aten ops (what a
+`TorchDispatchMode` sees below autograd) while the plan is made on the captured joint graph
+(functionalized aten). Most ops are the same overloads in the same order, some are not (on CPU,
+eager dropout is ``empty_like``, ``bernoulli_``, ``div_``, ``mul`` where the graph has one
+``native_dropout``). A policy names an op by (overload, index of its call within the region),
+exactly as `torch.utils.checkpoint` counts them; a graph value is *mappable* in a region when its
+overload is called as often in eager as in the graph there, so the i-th call is the i-th value.
+Unmappable values are simply recomputed (checkpoint keeps gradients right whatever the policy
+says), and the planner knows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from frontends.capture.costed_capture import capture_with_costs
+from frontends.capture.step import CapturedStep
+from frontends.eager_runtime.eager_checkpoint import EAGER_BATCH_NORMS, is_in_place
+from frontends.torch_compat import TorchDispatchMode, tree_leaves
+from optimizer.ir.graph import Phase, RematGraph
+from optimizer.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
+
+
+def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
+                      cost_model: str = "flops", grad_outputs: str = "losses",
+                      python_side_effects: str | None = None) -> CapturedStep:
+    """`frontends.capture.costed_capture.capture_with_costs`, without the graph runtime's RNG-state
+    values: eager checkpoint replays the generator itself, so they have no eager counterpart."""
+    return capture_with_costs(model, tuple(args), kwargs, cost_model, grad_outputs, python_side_effects,
+                              replay_random=False)
+
+
+@dataclass(frozen=True)
+class EagerTrace:
+    """Forward aten ops of one eager call of the model, with the module stack of each."""
+
+    ops: tuple[tuple[str, tuple[str, ...]], ...]
+    """(overload name, paths of the modules running it, outermost first)."""
+    calls: dict[str, int]
+    """Module path -> times its forward ran."""
+    alive_at_return: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    """Module path -> (overload, call index within the module) of the outputs its forward still
+    held when its last op ran (Python locals, its return value); autograd's saved tensors aside."""
+
+    def region_ops(self, path: str) -> list[str]:
+        return [op for op, stack in self.ops if path in stack]
+
+    @property
+    def overloads(self) -> frozenset[str]:
+        return frozenset(op for op, _ in self.ops)
+
+
+def eager_op_name(graph: RematGraph, name: str, overloads: frozenset[str]) -> str:
+    """The overload eager calls for graph value ``name``: its own, except for functionalized
+    state updates: batch norm's functional form, and a buffer update (``num_batches_tracked +
+    1``, captured as ``add``) that eager runs in place (``add_``)."""
+    op = graph[name].op
+    if op == "aten._native_batch_norm_legit_functional.default":
+        return next((e for e in EAGER_BATCH_NORMS if e in overloads), op)
+    if graph[name].mutates and name in graph.forward_outputs and name not in graph.user_outputs:
+        base, _, overload = op.rpartition(".")
+        if base.startswith("aten.") and not base.endswith("_") and f"{base}_.{overload}" in overloads:
+            return f"{base}_.{overload}"
+    return op
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each op with its module stack, and when each of its output storages dies (the
+    number of ops recorded by then; None while alive)."""
+
+    def __init__(self, stack: list[str], out: list, deaths: list) -> None:
+        super().__init__()
+        self.stack, self.out, self.deaths = stack, out, deaths
+        self.keep: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func not in SAC_IGNORED_OPS:
+            self.out.append((str(func), tuple(self.stack)))
+            inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)}
+            slots = []
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" \
+                        and id(t.untyped_storage()) not in inputs:
+                    slot = [None]
+                    self.keep.append(weakref.ref(t.untyped_storage(), partial(self._died, slot)))
+                    slots.append(slot)
+            self.deaths.append(slots)
+        return result
+
+    def _died(self, slot: list, _ref: object) -> None:
+        slot[0] = len(self.out)
+
+
+def _not_kept(_tensor: torch.Tensor) -> None:
+    return None
+
+
+def _never_unpacked(_packed: None) -> torch.Tensor:
+    raise RuntimeError("remat-opt's eager trace runs no backward")
+
+
+def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> EagerTrace:
+    """Run one forward (grad enabled, as training does) and record its ops per module.
+
+    The model is left as found: RNG states are forked, buffers (BatchNorm statistics) restored."""
+    paths = {id(m): p for p, m in model.named_modules()}
+    stack: list[str] = []
+    calls: Counter[str] = Counter()
+    ops: list = []
+
+    def pre(module, _args):
+        path = paths.get(id(module))
+        if path is not None:
+            stack.append(path)
+            calls[path] += 1
+
+    def post(module, _args, _out):
+        if paths.get(id(module)) is not None and stack:
+            stack.pop()
+
+    deaths: list[list] = []
+    starts: list[int] = []
+    alive: dict[str, tuple[tuple[str, int], ...]] = {}
+
+    def pre_alive(module, _args):
+        if paths.get(id(module)) is not None:
+            starts.append(len(ops))
+
+    def post_alive(module, _args, _out):
+        path = paths.get(id(module))
+        if path is None or not starts:
+            return
+        begin, end = starts.pop(), len(ops)
+        counter: Counter[str] = Counter()
+        held = []
+        for (op, _stack), slots in zip(ops[begin:], deaths[begin:]):
+            if any(slot[0] is None or slot[0] >= end for slot in slots):
+                held.append((op, counter[op]))
+            counter[op] += 1
+        alive.setdefault(path, tuple(held))
+
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+               torch.nn.modules.module.register_module_forward_pre_hook(pre_alive),
+               torch.nn.modules.module.register_module_forward_hook(post_alive),
+               torch.nn.modules.module.register_module_forward_hook(post)]
+    try:
+        with torch.random.fork_rng(devices=_cuda_devices(model, args)), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked), \
+                _Recorder(stack, ops, deaths):
+            out = model(*args, **(kwargs or {}))
+        del out
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
+    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
+
+
+def _cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
+    """CUDA devices the step may draw random numbers on (their generators are forked too)."""
+    tensors = [*model.parameters(), *model.buffers(), *(a for a in tree_leaves(args) if isinstance(a, torch.Tensor))]
+    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+
+
+def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> RematGraph:
+    """The graph as eager autograd runs it: each backward formula frees what it read when it
+    returns (`with_autograd_node_holds`, Nodes from the captured ops' ``seq_nr``); a batch norm's
+    new running statistics are their own values (`split_batch_norm_statistics`); on CPU, eager
+    dropout keeps a mask of the input's dtype (``bernoulli_`` into ``empty_like``), not the
+    fused kernel's bool mask."""
+    autograd_node = {n.name: n.meta["seq_nr"] for n in gm.graph.nodes if n.meta.get("seq_nr") is not None}
+    graph = split_batch_norm_statistics(with_autograd_node_holds(graph, autograd_node))
+    if not on_cpu:
+        return graph
+    nodes = list(graph.nodes)
+    changed = False
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.op.startswith("aten.native_dropout") and len(members) == 2:
+            mask = graph.position(members[1])
+            if nodes[mask].bytes != first.bytes:
+                nodes[mask] = dataclasses.replace(nodes[mask], bytes=first.bytes)
+                changed = True
+    if not changed:
+        return graph
+    return RematGraph(tuple(nodes), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+def split_batch_norm_statistics(graph: RematGraph) -> RematGraph:
+    """``_native_batch_norm_legit_functional`` returns (out, mean, rstd, new running mean, new
+    running var); the eager runtime reruns batch norm with its statistics frozen
+    (`eager_checkpoint._FrozenStatistics`), so a rerun makes the first three again and leaves
+    the statistics as forward made them: the last two become a group of their own,
+    `STATISTICS_OP`, computed once in forward and free of cost."""
+    nodes = list(graph.nodes)
+    changed = False
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.op == "aten._native_batch_norm_legit_functional.default" and len(members) == 5:
+            for name in members[3:]:
+                i = graph.position(name)
+                nodes[i] = dataclasses.replace(nodes[i], group=f"{members[3]}::statistics",
+                                               op=STATISTICS_OP, cost=0.0, flops=0.0)
+            changed = True
+    if not changed:
+        return graph
+    return RematGraph(tuple(nodes), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+def region_keys(graph: RematGraph, path: str, overloads: frozenset[str] = frozenset()) -> dict[str, tuple[str, int]]:
+    """First value of each forward op group in the region -> (the overload eager calls for it,
+    index among its calls); ``overloads``: those the eager trace saw (`eager_op_name`)."""
+    counter: Counter[str] = Counter()
+    keys: dict[str, tuple[str, int]] = {}
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.phase is Phase.FORWARD and within(first.module, path):
+            op = eager_op_name(graph, members[0], overloads)
+            keys[members[0]] = (op, counter[op])
+            counter[op] += 1
+    return keys
+
+
+def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> list[RegionCandidate]:
+    """Every submodule called once per step, with the graph values its policy can keep."""
+    region_ops: dict[str, list[str]] = defaultdict(list)
+    for op, stack in trace.ops:
+        for path in stack:
+            region_ops[path].append(op)
+    found: list[RegionCandidate] = []
+    for path, _module in root.named_modules():
+        if not path or trace.calls.get(path) != 1:
+            continue
+        keys = region_keys(graph, path, trace.overloads)
+        if not keys:
+            continue
+        eager = Counter(region_ops.get(path, ()))
+        graph_counts = Counter(op for op, _ in keys.values())
+        mappable = {m for first, (op, _) in keys.items() if eager[op] == graph_counts[op]
+                    for m in graph.group_of(first)}
+        # A kept in-place state update turns off SAC's mutation check for the region
+        # (`eager_checkpoint._policy_contexts`): only safe when it is the region's only kind of
+        # in-place call; else its state updates are not mappable and the region is no candidate.
+        state_updates = {op for first, (op, _) in keys.items() if is_in_place(op)}
+        if any(is_in_place(op) and op not in state_updates for op in eager):
+            mappable -= {m for first, (op, _) in keys.items() if op in state_updates
+                         for m in graph.group_of(first)}
+        found.append(RegionCandidate(path, frozenset(mappable)))
+    return found
+
+
+def mapping_summary(graph: RematGraph, trace: EagerTrace, path: str) -> tuple[int, int]:
+    """(graph op groups in the region, how many of them line up with eager calls)."""
+    keys = region_keys(graph, path, trace.overloads)
+    eager = Counter(trace.region_ops(path))
+    graph_counts = Counter(op for op, _ in keys.values())
+    return len(keys), sum(1 for op, _ in keys.values() if eager[op] == graph_counts[op])
+
+
+def held_values(graph: RematGraph, trace: EagerTrace, found: list[RegionCandidate]) -> dict[str, tuple[str, ...]]:
+    """Module path -> the graph values its forward still holds when it returns (mappable ones),
+    for `optimizer.planning.eager_plan.with_holds`."""
+    holds: dict[str, tuple[str, ...]] = {}
+    for cand in found:
+        keys = {key: name for name, key in region_keys(graph, cand.path, trace.overloads).items()}
+        held = []
+        for key in trace.alive_at_return.get(cand.path, ()):
+            name = keys.get(key)
+            if name is not None and name in cand.mappable:
+                held.extend(graph.group_of(name))
+        if held:
+            holds[cand.path] = tuple(dict.fromkeys(held))
+    return holds
