@@ -23,9 +23,9 @@ fi
 
 echo "== CUDA tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -rs \
-    "tests/test_training_loop_shapes.py::test_dropout_replay_is_bitwise_at_a_budget_the_device_reaches" \
-    tests/test_memory_tracker.py::test_cuda_storages_and_backward \
-    tests/test_measure.py::test_cuda_peak_is_max_memory_allocated 2>&1 | tee "$out/cuda_tests.log" | tail -15
+    "tests/frontends/graph_runtime/test_training_loop_shapes.py::test_dropout_replay_is_bitwise_at_a_budget_the_device_reaches" \
+    tests/frontends/measure/test_memory_tracker.py::test_cuda_storages_and_backward \
+    tests/frontends/measure/test_measure.py::test_cuda_peak_is_max_memory_allocated 2>&1 | tee "$out/cuda_tests.log" | tail -15
 
 echo "== the whole suite"
 timeout "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -n 14 --dist loadfile -rfE \

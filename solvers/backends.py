@@ -4,7 +4,7 @@ once per process, with the reason when one cannot be.
 Why one module: both wheels carry their own copy of HiGHS. highspy 1.15.x and ortools 9.15
 export clashing HiGHS symbols, so whichever of the two is imported second fails with an
 undefined symbol (``Highs::releaseMemory`` / ``setLocalOptionValue``); highspy 1.16.0 and
-ortools 9.15.6755 load together in either order (`tests/test_solver_backends.py` checks both
+ortools 9.15.6755 load together in either order (`tests/solvers/test_solver_backends.py` checks both
 orders in fresh processes). pyproject pins that pair. Should another pair meet at run time, the
 library that fails to load is reported unavailable with a one-line warning naming the fix, and
 the callers fall back: the MILP to PuLP's bundled CBC (`solvers.checkmate.milp_engines`), the

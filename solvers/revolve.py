@@ -24,7 +24,7 @@ output, so a reversal may reuse the output the previous reversal started from in
 re-evaluating it; and the first reversals carry only the small gradient of the loss, so the
 last few states (with their tapes) can be kept from the forward pass. Short chains try every
 number of such kept states and every slot count (on uniform chains this matches the
-exhaustive optimum at every budget tried, tests/test_revolve.py); long ones (10^3-10^4
+exhaustive optimum at every budget tried, tests/solvers/test_revolve.py); long ones (10^3-10^4
 steps) search the slot count by interpolation for a few numbers of kept states. Every
 candidate is simulated and the cheapest that fits is returned. The split of each
 subproblem comes from the closed form of the DP (`_evaluations`), so building a schedule is
@@ -119,7 +119,7 @@ def _evaluations(lengths: np.ndarray, slots: int) -> np.ndarray:
 
     The closed form of the DP over splits (Griewank 1992): with r the least repetition count
     for which C(c + r, c) >= l, reversing l steps takes (r + 1) l - C(c + r, c + 1)
-    evaluations (tests/test_revolve.py checks it against the DP and exhaustive search).
+    evaluations (tests/solvers/test_revolve.py checks it against the DP and exhaustive search).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if slots == 0:

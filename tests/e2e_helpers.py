@@ -20,6 +20,15 @@ def example_path(name: str) -> str:
     return os.path.join(ROOT, "examples", f"{name}.py")
 
 
+def small_mlp():
+    """examples/mlp.py's MLP, narrowed so that the exact MILP solves each budget in about a second."""
+    spec = importlib.util.spec_from_file_location("_sweep_mlp", example_path("mlp"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.manual_seed(0)
+    return example.MLP(width=32, depth=3), (torch.randn(128, 32), torch.randn(128, 32))
+
+
 def load_example(name: str, dtype: torch.dtype = torch.float64, **model_kwargs):
     """An example's model and inputs in ``dtype`` (integer inputs stay integer)."""
     spec = importlib.util.spec_from_file_location(f"_example_{name}", example_path(name))

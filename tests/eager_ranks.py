@@ -1,4 +1,4 @@
-"""What each gloo rank of tests/test_eager_runtime.py's FSDP2 test runs.
+"""What each gloo rank of tests/frontends/eager_runtime/test_eager_runtime.py's FSDP2 test runs.
 
 Kept apart from the test module, and light (torch, the example file, the eager runtime's
 run-time half, `frontends.distributed.gloo_ranks`), because every spawned rank imports it before it can start.

@@ -145,7 +145,7 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
     Solvers simulate hundreds of candidates per graph: the common steps (a free, an op that may
     run any number of times) take fast paths from per-graph tables that check the rules which can
     fail for them, in the same order and with the same messages, and skip only those that hold by
-    construction; tests/test_fast_paths.py holds them to the straightforward walk."""
+    construction; tests/ir/test_fast_paths.py holds them to the straightforward walk."""
     tables = per_graph(graph, _SimulatorTables)
     nodes = tables.nodes
     ops, backward_ops, user_outputs = tables.ops, tables.backward_ops, tables.user_outputs

@@ -21,7 +21,7 @@ difference between the rank's resident terms and the single-process ones the gra
   and then allocates the reduce-scatter input (N x padded gradient shard) while the full
   gradients still live. Measured on two gloo
   ranks with `frontends.measure.resize_tracker` (FSDP2 grows and frees its unsharded parameters with
-  ``storage.resize_``, which a dispatch-mode tracker does not see): see tests/test_distributed.py.
+  ``storage.resize_``, which a dispatch-mode tracker does not see): see tests/frontends/distributed/test_distributed.py.
 
 Imports no torch.
 """

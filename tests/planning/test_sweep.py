@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-import torch
-from e2e_helpers import example_path
+from e2e_helpers import small_mlp
 from graphs import chain, tiny_chain
 
 from optimizer.ir.allocator import AllocatorModel
@@ -29,15 +26,6 @@ from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 
 EXACT = AllocatorModel(block_bytes=1)
-
-
-def small_mlp():
-    """examples/mlp.py's MLP, narrowed so that the exact MILP solves each budget in about a second."""
-    spec = importlib.util.spec_from_file_location("_sweep_mlp", example_path("mlp"))
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    torch.manual_seed(0)
-    return example.MLP(width=32, depth=3), (torch.randn(128, 32), torch.randn(128, 32))
 
 
 @pytest.fixture(scope="module")

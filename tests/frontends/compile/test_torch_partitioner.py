@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from e2e_helpers import example_path, load_example
-from test_sweep import small_mlp
+from e2e_helpers import example_path, load_example, small_mlp
 
 from frontends.capture.meta_capture import MetaCapturer
 from frontends.compile.torch_partitioner import partition_schedule, partition_schedules

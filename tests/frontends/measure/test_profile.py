@@ -21,7 +21,7 @@ from frontends.measure.profile import clear_memory_cache, profile_step, profiled
 from frontends.measure.step import measure_step
 from optimizer.ir.costs_update import with_costs
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolverOptions
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASELINES = ("recompute-all", "chen", "chen-greedy", "chain-dp", "greedy", "revolve")
 """Per-block checkpointing is left out: on these two graphs it saves nothing below store-all (the
 MLP's blocks are single layers, the GPT has one block); the sweep tests compare it on the others."""

@@ -16,7 +16,7 @@ from optimizer.planning.planner import plan_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 UNLIMITED = 10**12
 
 

@@ -2,7 +2,7 @@
 place of the logits), has the gradients of the whole, unsplit step (float64, 1e-10), and its
 predicted peak drops; the plan message that asks for it names the option; a model without a
 scalar loss is refused in one line. (A transformers ``ModelOutput`` coming back with only ``loss``
-set is tested with the MLP split on a Llama, tests/test_mlp_split.py.)"""
+set is tested with the MLP split on a Llama, tests/frontends/split/test_mlp_split.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The compiled-step peak walk of `frontends.compile.inductor_memory` on hand-written buffer plans.
 
 Each case is small enough to add up by hand; Inductor's own plans are checked against the
-allocator in tests/test_compile_backend.py.
+allocator in tests/frontends/compile/test_compile_backend.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from torch import nn
 
 from frontends.capture.model_file import load_model_file
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NAMES = ["mlp", "gpt", "convnet"]
 
 

@@ -12,9 +12,9 @@ import subprocess
 import textwrap
 
 import pytest
+from e2e_helpers import small_mlp
 from graphs import chain
 from PIL import Image
-from test_sweep import small_mlp
 
 from optimizer.app.cli import EXIT_USAGE, main
 from optimizer.app.plots import REMAT_OPT_COLOR, STORE_ALL_COLOR
@@ -57,7 +57,7 @@ TINY_MODEL_FILE = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def report():
     """A report on a narrow MLP; remat-opt runs its greedy solver here (the report is under test,
-    not the solver: tests/test_sweep.py holds the default solver to its claims)."""
+    not the solver: tests/planning/test_sweep.py holds the default solver to its claims)."""
     model, inputs = small_mlp()
     request = WhatIfRequest(model_name="small mlp", budget="85%", sweep=("70%", "80%", "90%", "100%"),
                             max_batch=True, strategies=STRATEGIES, solver="greedy",

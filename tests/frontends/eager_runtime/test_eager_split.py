@@ -38,7 +38,7 @@ from solvers.base import InfeasibleBudgetError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PEAK_TOLERANCE = 0.02  # as tests/test_eager_runtime.py
+PEAK_TOLERANCE = 0.02  # as tests/frontends/eager_runtime/test_eager_runtime.py
 GPT_MLPS = {"blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp"}
 
 
@@ -245,7 +245,7 @@ def test_transformers_llama_swiglu_mlps_split():
     """LlamaMLP (``down(silu(gate(x)) * up(x))``, no biases): every layer's MLP is split, the
     gradients equal the unsplit model's, and the prediction is within the eager tests' Llama
     tolerance (2.5%: traced, transformers builds causal masks that eager skips, see
-    tests/test_eager_runtime.py)."""
+    tests/frontends/eager_runtime/test_eager_runtime.py)."""
     llama, ids = tiny_llama(intermediate_size=512)
     model = LossOnly(llama)
     reference = copy.deepcopy(model)

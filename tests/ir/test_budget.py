@@ -121,6 +121,6 @@ def test_budget_module_does_not_import_torch() -> None:
     from pathlib import Path
 
     code = "import sys, optimizer.ir.budget; sys.exit('torch' in sys.modules)"
-    repo_root = Path(__file__).resolve().parents[1]
+    repo_root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], cwd=repo_root, check=False)
     assert result.returncode == 0

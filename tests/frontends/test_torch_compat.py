@@ -15,7 +15,7 @@ import torch
 
 from frontends.torch_compat import TESTED_TORCH, untested_torch_message
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPAT = ROOT / "frontends" / "torch_compat.py"
 PACKAGE_DIRS = ("frontends", "optimizer")
 

@@ -22,7 +22,7 @@ from solvers.chain_dp import solve_chain_dp
 from solvers.chen import default_segments, solve_chen, solve_chen_greedy, uniform_checkpoints
 from solvers.linearize import articulation_values, linearize
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NEW_SOLVERS = ["chen", "chen-greedy", "blocks", "revolve", "chain-dp"]
 OPTIONS = SolverOptions()
 AT_BEST = re.compile(r"peaks at (\d+) bytes at best")
