@@ -1,5 +1,5 @@
 """Reads every module's imports (top-level and function-local) and checks them against the layer
-order of README "Layout": IR <- solvers <- planning <- frontends <- app.
+order of docs/design.md "Layout": IR <- solvers <- planning <- frontends <- app.
 
 Kept apart from the test so that the test can run the same checks on a temporary tree with a
 deliberately wrong import and see them fail.
@@ -123,7 +123,7 @@ def unexplained_local_imports(root: Path) -> list[Import]:
 
 
 MAX_MODULES_PER_FOLDER = 12
-"""README "Layout": a folder of ``frontends/`` holds at most this many modules (``__init__.py``
+"""docs/design.md "Layout": a folder of ``frontends/`` holds at most this many modules (``__init__.py``
 not counted); more means a job is hiding in it and wants a subpackage of its own."""
 
 

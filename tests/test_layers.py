@@ -1,4 +1,4 @@
-"""The layers of README "Layout" hold: IR <- solvers <- planning <- frontends <- app.
+"""The layers of docs/design.md "Layout" hold: IR <- solvers <- planning <- frontends <- app.
 
 Each check runs on the real tree, and on a temporary copy of the tree's shape with one wrong
 import added, to show that it can fail.

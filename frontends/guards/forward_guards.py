@@ -21,7 +21,7 @@ changed and restores it afterwards (capture leaves the caller's module attribute
 RNG states as it found them); then it raises one line naming each thing (the module path and
 attribute, the hook, the call site) and what to do: train with ``torch.compile`` and
 ``remat_backend`` (dynamo keeps Python semantics), or pass ``python_side_effects="ignore"`` to
-plan anyway with the values of capture time. README "What the graph runtime preserves" is the
+plan anyway with the values of capture time. docs/limits.md "What the graph runtime preserves" is the
 user's summary.
 
 Not detected: Python RNGs other than the global ones (``random.Random()``,

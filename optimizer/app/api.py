@@ -57,17 +57,17 @@ def optimize(
     ``python_side_effects="error"`` (default) refuses, with
     `frontends.capture.step.UnreplayableForwardError`, a forward that does in Python what the captured
     graph cannot replay (Python or numpy random draws, attributes it changes, module hooks,
-    tensor hooks registered in forward, reseeding; README "What the graph runtime preserves");
+    tensor hooks registered in forward, reseeding; docs/limits.md "What the graph runtime preserves");
     ``"ignore"`` plans it with the values of capture time.
 
-    Input sizes (README "Input sizes"): the module runs inputs of any size up to the planned
+    Input sizes (docs/python-api.md "Input sizes"): the module runs inputs of any size up to the planned
     one in every dimension (a smaller last batch, a shorter sequence) with the planned schedule,
     captured again once per new size and simulated there, so the peak never exceeds the planned
     one. A larger input raises `frontends.graph_runtime.remat_module.InputMismatchError` naming the planned
     sizes (``on_larger="error"``) or is planned afresh at ``budget`` (``"replan"``); the last 8
     sizes are kept. ``static=True`` runs the planned sizes only.
 
-    ``split`` (README "Splitting huge ops"): ``k`` runs the LM head and its loss in k chunks of
+    ``split`` (docs/python-api.md "Splitting huge ops"): ``k`` runs the LM head and its loss in k chunks of
     token rows, so the whole logits, log-softmax and gradient no longer set the memory floor
     (`frontends.split.row_split`); ``"auto"`` plans k in `optimizer.app.split_plan.SPLIT_CHOICES` and
     keeps the cheapest plan that fits (the message says which k); None (default): no split.
@@ -75,7 +75,7 @@ def optimize(
     m chunks of token rows (`frontends.split.mlp_split`), so its wide intermediate exists one chunk at
     a time where the plan recomputes it; None (default) means 1, or, under ``split="auto"``, that
     the MLPs are searched too (m = 2, 4, 8 with the head's best k).
-    ``outputs="loss"`` (README "Splitting huge ops") plans and returns the scalar losses only: the
+    ``outputs="loss"`` (docs/python-api.md "Splitting huge ops") plans and returns the scalar losses only: the
     other returned tensors (the logits) are dropped from the step, so their memory stops counting,
     and ``rm(...)`` gives back the same structure with None in their place (a transformers
     ``ModelOutput`` with only ``loss`` set); ``"all"`` (default) returns everything.

@@ -11,7 +11,7 @@ compares gradients and peak memory, then two consecutive steps and the model sta
 what-if questions offline (`optimizer.app.whatif`): every strategy at every budget, the largest batch
 that fits, the memory timeline; nothing is run or allocated.
 
-Exit codes (documented in the README):
+Exit codes (documented in docs/cli.md):
   0 planned (verify: passed); 2 bad command line or budget; 3 model file unusable; 4 model cannot
   be traced; 5 budget below the smallest feasible one; 6 solver back-end not installed;
   7 output path taken; 8 verify: gradients, peak memory or the two steps differ; 1 internal error
@@ -110,17 +110,17 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--split", default=None, metavar="K|auto",
                         help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
                              "4, 8 and keep the cheapest plan that fits), so the whole logits no "
-                             "longer set the memory floor; README 'Splitting huge ops'")
+                             "longer set the memory floor; docs/python-api.md 'Splitting huge ops'")
     parser.add_argument("--split-mlp", default=None, metavar="M|auto",
                         help="run every MLP (linear -> activation -> linear, SwiGLU too) in M chunks "
                              "of token rows, so its wide intermediate exists one chunk at a time "
                              "(auto: try 2, 4, 8 after the head's split and keep the cheapest plan "
                              "that fits; with --runtime eager: M only, each MLP module's forward in M "
-                             "checkpointed chunks); README 'Splitting huge ops'")
+                             "checkpointed chunks); docs/python-api.md 'Splitting huge ops'")
     parser.add_argument("--outputs", choices=("all", "loss"), default="all",
                         help="all (default): the module returns every output; loss: only the scalar "
                              "losses (None in place of the logits and other tensors), so their memory "
-                             "stops counting; README 'Splitting huge ops'")
+                             "stops counting; docs/python-api.md 'Splitting huge ops'")
     parser.add_argument("--runtime", choices=("graph", "eager"), default="graph",
                         help="graph (default): run the plan as rewritten graphs (optimize); eager: "
                              "plan torch.utils.checkpoint regions with selective-checkpoint policies "

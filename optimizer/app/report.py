@@ -164,7 +164,7 @@ def _max_batch_table(result: MaxBatchResult) -> Table:
 
 # ------------------------------------------------------------------------------------ JSON
 def to_json(report: WhatIfReport) -> dict[str, Any]:
-    """The report as JSON-ready data; the layout is documented in the README (schema 1)."""
+    """The report as JSON-ready data; the layout is documented in docs/what-if.md (schema 1)."""
     sweep = report.sweep
     data: dict[str, Any] = {
         "generated_by": "remat-opt",
