@@ -51,11 +51,13 @@ def _budgets(graph, count=3):
     return sorted({low + (high - low) * k // (count + 1) for k in range(1, count + 1)})
 
 
-def _check_against_milp(graph, budget):
+def _check_against_milp(graph, budget) -> bool:
+    """Compare hierarchical with the MILP at ``budget``; False (nothing compared) when the MILP
+    proves the budget infeasible. Callers assert that some budget was compared."""
     try:
         exact = get_solver("milp")(graph, budget, EXACT)
     except InfeasibleBudgetError:
-        return
+        return False
     assert exact.status is SolveStatus.OPTIMAL
     ours = get_solver("hierarchical")(graph, budget, FAST)
     assert ours.schedule is not None
@@ -66,6 +68,7 @@ def _check_against_milp(graph, budget):
         f"hierarchical {ours.objective} vs optimum {exact.objective} (extra {extra_opt})")
     assert ours.bound is not None and ours.bound <= exact.objective + 1e-9
     assert ours.gap is not None and ours.gap >= 0
+    return True
 
 
 @pytest.mark.parametrize("case", ["chain8", "hetero", "random3", "random5"])
@@ -76,14 +79,12 @@ def test_hierarchical_within_two_percent_of_milp_on_small_graphs(case):
         "random3": lambda: random_graph(3, 7),
         "random5": lambda: random_graph(5, 7),
     }[case]()
-    for budget in _budgets(graph):
-        _check_against_milp(graph, budget)
+    assert sum(_check_against_milp(graph, budget) for budget in _budgets(graph)) >= 1
 
 
 def test_hierarchical_within_two_percent_of_milp_on_the_mlp(mlp_graph):
     assert len(block_kinds(mlp_graph)) >= 1  # the six Linear+GELU layers are one kind
-    for budget in _budgets(mlp_graph, count=1):
-        _check_against_milp(mlp_graph, budget)
+    assert sum(_check_against_milp(mlp_graph, budget) for budget in _budgets(mlp_graph, count=1)) >= 1
 
 
 @pytest.mark.parametrize("seed", range(6))
