@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -100,3 +101,25 @@ def tiny_llama(intermediate_size: int):
     model = transformers.LlamaForCausalLM(config).double().train()
     return model, torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))
 
+
+
+def tiny_gpt2(transformers, dtype: torch.dtype = torch.float64, **config):
+    """A seeded 2-layer transformers GPT-2 (64 wide, 4 heads, vocab 128, 64 positions) in train
+    mode; ``config`` overrides GPT2Config fields (attention implementation, dropout)."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, **config)
+    return transformers.GPT2LMHeadModel(config).to(dtype).train()
+
+
+def hf_step(module, params: torch.nn.Module, *args, **kwargs):
+    """Forward + backward from the loss under seed 1; returns (output, loss, gradients of
+    ``params``' parameters that got one). The loss is the output, its first item, or ``.loss``."""
+    params.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = module(*args, **kwargs)
+    loss = out if isinstance(out, torch.Tensor) else out[0] if isinstance(out, tuple) else out.loss
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None}
+    return out, loss.detach(), grads

@@ -9,11 +9,9 @@ else (dropout included: the same seed gives the same masks under a plan and unde
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from e2e_helpers import max_relative_error
+from e2e_helpers import hf_step, max_relative_error, tiny_gpt2
 
 from frontends.capture.step import CaptureError, capture
 from frontends.guards.hf_training import USE_CACHE_NOTE
@@ -38,12 +36,6 @@ def _tokens(batch: int = 4, seq: int = 64) -> torch.Tensor:
     return torch.randint(1, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))
 
 
-def _gpt2(transformers):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64)
-    return transformers.GPT2LMHeadModel(config).double().train()
-
-
 def _t5(transformers):
     torch.manual_seed(0)
     # decoder_start_token_id: t5-small's value; transformers 5's T5Config has no default for it,
@@ -55,19 +47,6 @@ def _t5(transformers):
 
 def _use_cache_settings(model: torch.nn.Module) -> list:
     return [getattr(m.config, "use_cache", None) for m in model.modules() if hasattr(m, "config")]
-
-
-def _step(module, params: torch.nn.Module, *args, **kwargs):
-    """Forward + backward from the loss under seed 1; returns (output, loss, gradients)."""
-    params.zero_grad(set_to_none=True)
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = module(*args, **kwargs)
-    loss = out if isinstance(out, torch.Tensor) else out[0] if isinstance(out, tuple) else out.loss
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None}
-    return out, loss.detach(), grads
 
 
 def _check_plan(rm) -> None:
@@ -108,10 +87,10 @@ def test_a_lifted_constant_is_resident_and_read_wherever_the_schedule_recomputes
     assert [(n.kind, n.bytes) for n in constants] == [(NodeKind.PARAMETER, 8)]
     assert graph.users[constants[0].name], "its readers list it as an input"
     assert graph.resident_bytes == graph.parameter_bytes + graph.input_bytes
-    _, _, ref = _step(model, model, x)
+    _, _, ref = hf_step(model, model, x)
     for solver in ("store-all", "recompute-all"):
         rm = optimize(model, (x,), "100%", solver=solver)
-        _, _, grads = _step(rm, model, x)
+        _, _, grads = hf_step(rm, model, x)
         assert max_relative_error(grads, ref) <= 1e-10, solver
     # recompute-all copies the constant's reader into backward: backward reads the constant
     assert "_tensor_constant0" in rm.backward_graph.code
@@ -138,28 +117,28 @@ def test_a_constant_read_in_backward_only_plans_on_the_ir():
 
 # ------------------------------------------------------------------ GPT-2 and T5
 def test_gpt2_positional_inputs_plan_and_train_like_eager(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
     step = _LossAndLogits(model).train()
     ids = _tokens()
     settings = _use_cache_settings(model)
     rm = optimize(step, (ids, ids), "60%", time_limit=TIME_LIMIT)
     assert _use_cache_settings(model) == settings == [True] * len(settings)
     _check_plan(rm)
-    (_, logits), loss, grads = _step(rm, model, ids, ids)
-    (_, ref_logits), ref_loss, ref = _step(step, model, ids, ids)  # eager, use_cache=True
+    (_, logits), loss, grads = hf_step(rm, model, ids, ids)
+    (_, ref_logits), ref_loss, ref = hf_step(step, model, ids, ids)  # eager, use_cache=True
     assert torch.equal(loss, ref_loss)
     assert torch.allclose(logits.detach(), ref_logits.detach(), rtol=1e-12, atol=1e-14)
     assert max_relative_error(grads, ref) <= 1e-10
 
 
 def test_gpt2_keyword_inputs_return_the_model_output(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
     ids = _tokens()
     kwargs = {"input_ids": ids, "labels": ids, "use_cache": True}  # traced and run as False
     rm = optimize(model, (), "60%", example_kwargs=kwargs, time_limit=TIME_LIMIT)
     _check_plan(rm)
-    out, loss, grads = _step(rm, model, **kwargs)
-    ref_out, ref_loss, ref = _step(model, model, **kwargs)
+    out, loss, grads = hf_step(rm, model, **kwargs)
+    ref_out, ref_loss, ref = hf_step(model, model, **kwargs)
     assert type(out) is type(ref_out) and out.past_key_values is None  # no cache in training
     assert torch.equal(loss, ref_loss)
     assert max_relative_error(grads, ref) <= 1e-10
@@ -177,8 +156,8 @@ def test_t5_plans_and_trains_like_eager(transformers):
     assert _use_cache_settings(model) == settings
     _check_plan(rm)
     assert "_tensor_constant" in rm.forward_graph.code  # shift_right's decoder start token
-    out, loss, grads = _step(rm, model, **kwargs)
-    ref_out, ref_loss, ref = _step(model, model, **kwargs)
+    out, loss, grads = hf_step(rm, model, **kwargs)
+    ref_out, ref_loss, ref = hf_step(model, model, **kwargs)
     assert type(out) is type(ref_out) and out.past_key_values is None
     # float64, one ulp apart with transformers 5.24 (bit-equal with earlier releases)
     assert abs(loss.item() - ref_loss.item()) <= 1e-12 * abs(ref_loss.item())
@@ -201,8 +180,8 @@ def test_mixtral_plans_and_trains_like_eager(transformers):
     kwargs = {"input_ids": ids, "labels": ids}
     rm = optimize(model, (), "96%", example_kwargs=kwargs, time_limit=TIME_LIMIT)
     assert rm.plan.predicted_peak_bytes <= rm.plan.budget_bytes
-    _, loss, grads = _step(rm, model, **kwargs)
-    _, ref_loss, ref = _step(model, model, **kwargs)
+    _, loss, grads = hf_step(rm, model, **kwargs)
+    _, ref_loss, ref = hf_step(model, model, **kwargs)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
     assert max_relative_error(grads, ref) <= 1e-5  # measured 3.5e-7: store-all gives the same
 
@@ -214,7 +193,7 @@ def test_unsupported_constructs_are_named_in_one_line(transformers):
     with pytest.raises(CaptureError, match='experts_implementation="grouped_mm"') as caught:
         optimize(model, (), "100%", example_kwargs={"input_ids": ids, "labels": ids})
     assert "\n" not in str(caught.value)
-    gpt2 = _gpt2(transformers)
+    gpt2 = tiny_gpt2(transformers)
     cache = transformers.DynamicCache(config=gpt2.config)
     with pytest.raises(CaptureError, match="DynamicCache.*use_cache=False") as caught:
         optimize(gpt2, (), "100%", example_kwargs={"input_ids": ids, "past_key_values": cache})

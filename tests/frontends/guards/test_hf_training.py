@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from e2e_helpers import max_relative_error
+from e2e_helpers import hf_step, max_relative_error, tiny_gpt2
 
 from frontends.capture.step import UnreplayableForwardError
 from optimizer import apply_checkpointing, optimize, remove_checkpointing
@@ -30,12 +30,6 @@ def _tokens() -> torch.Tensor:
     return torch.randint(1, VOCAB, (4, 32), generator=torch.Generator().manual_seed(0))
 
 
-def _gpt2(transformers, dtype=torch.float64, **config):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, **config)
-    return transformers.GPT2LMHeadModel(config).to(dtype).train()
-
-
 def _llama(transformers, dtype=torch.float64, **config):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -45,14 +39,7 @@ def _llama(transformers, dtype=torch.float64, **config):
 
 
 def _grads(module, params: torch.nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    params.zero_grad(set_to_none=True)
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = module(tokens, labels=tokens)
-    loss = out[0] if isinstance(out, tuple) else out.loss
-    loss.backward()
-    return {n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None}
+    return hf_step(module, params, tokens, labels=tokens)[2]
 
 
 def _trains_like_eager(model, tolerance: float = 1e-10) -> None:
@@ -80,20 +67,20 @@ def _lora(transformers, base, targets):
 
 
 def test_enable_input_require_grads_is_accepted_and_trains_like_eager(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
     model.enable_input_require_grads()
     _trains_like_eager(model)
 
 
 def test_the_hook_left_by_gradient_checkpointing_disable_is_accepted(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
     model.gradient_checkpointing_enable()
     model.gradient_checkpointing_disable()
     assert model.transformer.wte._forward_hooks  # transformers leaves make_inputs_require_grads
     _trains_like_eager(model)
 
 
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build", [tiny_gpt2, _llama], ids=["gpt2", "llama"])
 def test_gradient_checkpointing_already_on_trains_like_eager(transformers, build):
     model = build(transformers)
     model.gradient_checkpointing_enable()
@@ -101,8 +88,8 @@ def test_gradient_checkpointing_already_on_trains_like_eager(transformers, build
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "hf-checkpointing"])
-@pytest.mark.parametrize("build,targets", [(_gpt2, ["c_attn", "c_proj"]), (_llama, ["q_proj", "v_proj", "down_proj"])],
-                         ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build,targets", [(tiny_gpt2, ["c_attn", "c_proj"]),
+                                           (_llama, ["q_proj", "v_proj", "down_proj"])], ids=["gpt2", "llama"])
 def test_peft_lora_trains_only_the_adapters_like_eager(transformers, build, targets, checkpointing):
     base = build(transformers)
     if checkpointing:
@@ -130,12 +117,12 @@ def test_peft_lora_under_the_eager_runtime_trains_like_eager(transformers):
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build", [tiny_gpt2, _llama], ids=["gpt2", "llama"])
 def test_both_attention_implementations_train_like_eager(transformers, build, attention):
     _trains_like_eager(build(transformers, attn_implementation=attention))
 
 
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build", [tiny_gpt2, _llama], ids=["gpt2", "llama"])
 def test_bf16_weights_train_like_eager(transformers, build):
     """bf16 has 8 bits of mantissa (ulp 7.8e-3 relative): the tolerance is a few ulps, not
     float64's (2.8e-2 seen on GPT-2 under xdist; the graph's ops round differently from eager's)."""
@@ -143,7 +130,7 @@ def test_bf16_weights_train_like_eager(transformers, build):
 
 
 def test_a_requires_grad_hook_on_a_model_with_nothing_to_train_is_still_refused(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
     model.enable_input_require_grads()
     model.requires_grad_(False)
     tokens = _tokens()
@@ -152,7 +139,7 @@ def test_a_requires_grad_hook_on_a_model_with_nothing_to_train_is_still_refused(
 
 
 def test_a_hook_that_does_more_than_mark_requires_grad_is_still_refused(transformers):
-    model = _gpt2(transformers)
+    model = tiny_gpt2(transformers)
 
     def scale_and_mark(module, inputs, output):
         output.requires_grad_(True)
