@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from frontends.torch_compat import OpOverload, detect_fake_mode, fake_like_mode, tree_flatten
+from frontends.torch_compat import FakeTensor, OpOverload, fake_like_mode, tree_flatten
 
 RNG_STATE_META = "remat_rng_state"
 """fx meta key on a random op: the name of the node holding the state it replays."""
@@ -123,8 +123,9 @@ def add_rng_states(gm: fx.GraphModule) -> int:
         if (node.op == "placeholder" and desc == "TangentAOTInput") or any(
                 a in backward for a in node.all_input_nodes):
             backward.add(node)
-    fake_mode = detect_fake_mode([n.meta["val"] for n in graph.nodes
-                                  if isinstance(n.meta.get("val"), torch.Tensor)])
+    # The joint has one fake mode: its first FakeTensor's (a placeholder's), found at once.
+    fake_mode = next((n.meta["val"].fake_mode for n in graph.nodes if isinstance(n.meta.get("val"), FakeTensor)),
+                     None)
     added = 0
     for node in list(graph.nodes):
         if not is_random_op(node) or node in backward or node.meta.get("partitioner_tag") == "is_backward":

@@ -238,8 +238,9 @@ def forward_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
     its `CaptureError` subclass: this module imports no capture code, so capture can import it).
     """
     policy = resolve_policy(python_side_effects)
-    if policy == "error" and hook_problems(model):  # refused before tracing: nothing to undo
-        raise error(_message(model, [f"{h} fires at capture only" for h in hook_problems(model)]))
+    hooks = hook_problems(model) if policy == "error" else []
+    if hooks:  # refused before tracing: nothing to undo
+        raise error(_message(model, [f"{h} fires at capture only" for h in hooks]))
     guard = ForwardGuard(model, tuple(args), dict(kwargs))
     observer = model.register_forward_hook(_observer(guard))
     traced = False

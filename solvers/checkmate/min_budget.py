@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from optimizer.ir.graph import RematGraph
 from optimizer.ir.schedule import Schedule
 from optimizer.ir.simulator import simulate
-from solvers.backends import cp_sat_backend
 from solvers.base import EXACT_MAX_GROUPS, SolverOptions
 from solvers.checkmate.contract import classic_schedules
 from solvers.checkmate.cpsat_model import build_cpsat_model, cp_model, hint_schedule, new_solver
@@ -87,7 +86,7 @@ def smallest_feasible_budget(graph: RematGraph, options: SolverOptions = SolverO
         return answer(leanest.peak, lower, leanest.schedule,
                       f"{leanest.name} ({len(data.groups)} op groups > {max_groups}: "
                       "no exact search)")
-    if cp_sat_backend().module is None:
+    if cp_model is None:
         return answer(leanest.peak, lower, leanest.schedule,
                       f"{leanest.name} (OR-Tools is not installed or cannot load: no exact search)")
     limit = min(options.time_limit_s, TIME_LIMIT_S)
