@@ -8,7 +8,7 @@ Rules (one page at a time, its blocks in document order):
 - A ```bash, ```sh or ```console block runs each line that starts with ``remat-opt `` (a leading
   ``$ `` prompt is dropped, ``\\`` continues a line, ``#`` starts a comment) as
   ``[sys.executable, "-m", "optimizer.app.cli", *args]``, with a timeout. Setup lines are skipped
-  by rule: those starting with ``make``, ``pip``, ``python3 -m venv``, ``.``, ``source``,
+  by rule: those starting with ``make``, ``pip``, ``python3 -m venv``, ``. `` (a space after the dot), ``source``,
   ``bash .ci/run`` or ``git``. Any other line in such a block fails the test (a new kind of
   command needs a rule here, not silence).
 - A block right after a line ``<!-- no-run: REASON -->`` is not run; every such marker must give
@@ -42,7 +42,7 @@ PYTHON_TIMEOUT_S = 300
 CLI_TIMEOUT_S = 120
 
 RUN_LANGS = {"python", "bash", "sh", "console"}
-SETUP_PREFIXES = ("make", "pip", "python3 -m venv", ".", "source", "bash .ci/run", "git")
+SETUP_PREFIXES = ("make", "pip", "python3 -m venv", ". ", "source ", "bash .ci/run", "git")
 NO_RUN = re.compile(r"^<!--\s*no-run:(.*?)-->\s*$")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 
@@ -241,6 +241,6 @@ def test_a_broken_block_fails(tmp_path: Path) -> None:
 
 def test_unknown_shell_command_fails(tmp_path: Path) -> None:
     page = tmp_path / "odd.md"
-    page.write_text("```bash\nrm -rf build\n```\n")
+    page.write_text("```bash\nrm -rf build\n```\n\n```bash\n./run_it.sh\n```\n")
     failures = run_page(page)
-    assert len(failures) == 1 and "no rule for the command" in failures[0]
+    assert len(failures) == 2 and all("no rule for the command" in f for f in failures)
