@@ -11,7 +11,7 @@ limit (one failure or hang does not stop the sweep):
    ``optimize`` runs) and plan it with ``store-all`` for plain autograd's peak;
 2. budget = fixed + 0.6 * (store-all peak - fixed), fixed = parameters + gradients + inputs
    (``plan.breakdown``'s split): "60% of activations". remat-opt's own percentages are of the
-   whole step's peak (`optimizer.ir.budget.resolve_budget`), so the budget is passed in bytes;
+   whole step's peak (`solvers.ir.budget.resolve_budget`), so the budget is passed in bytes;
 3. plan with ``auto`` and build the RematModule from the same capture (``optimize``'s two steps:
    `plan_graph` + `RematModule`);
 4. one eager step and one remat step, each after ``torch.manual_seed(1)`` from the same buffers
@@ -59,8 +59,8 @@ from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
 from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
 from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
 from frontends.measure.step import unique_storage_bytes  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 
 VOCAB = 128
 BATCH = 2

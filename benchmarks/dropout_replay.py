@@ -22,9 +22,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from frontends.capture.step import capture
 from frontends.graph_runtime.remat_module import RematModule
 from frontends.measure.step import measure_step
-from optimizer.planning.planner import plan_graph
 from solvers.base import SolverOptions
 from solvers.checkmate.min_budget import smallest_feasible_budget
+from solvers.planning.planner import plan_graph
 
 
 def gpt2(layers: int, width: int, vocab: int, seq: int) -> torch.nn.Module:

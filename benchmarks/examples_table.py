@@ -22,10 +22,10 @@ import torch  # noqa: E402
 from frontends.capture.model_file import load_model_file  # noqa: E402
 from frontends.capture.step import capture  # noqa: E402
 from frontends.measure.step import measure_step  # noqa: E402
-from optimizer.app.api import optimize  # noqa: E402
-from optimizer.ir.budget import format_bytes  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
+from optimizer.api import optimize  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
+from solvers.ir.budget import format_bytes  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 
 EXAMPLES = ("mlp", "gpt", "convnet")
 BUDGETS = ("90%", "75%", "60%")

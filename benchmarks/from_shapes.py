@@ -1,6 +1,6 @@
 """Large models planned from shapes alone (issue 17): GPT-2-XL and a Llama-2-7B-shaped model.
 
-Both are built on the meta device and planned with `optimizer.app.meta_plan.plan_without_hardware`
+Both are built on the meta device and planned with `optimizer.meta_plan.plan_without_hardware`
 (capture on FakeTensors, `hierarchical`): nothing is allocated or run. Prints one markdown row per
 model and budget: capture and plan seconds, planned peak, extra compute, proven gap.
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from examples import gpt2  # noqa: E402
-from optimizer.app.meta_plan import plan_without_hardware  # noqa: E402
+from optimizer.meta_plan import plan_without_hardware  # noqa: E402
 from solvers.base import InfeasibleBudgetError  # noqa: E402
 
 

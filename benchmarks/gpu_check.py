@@ -45,14 +45,14 @@ from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
 from frontends.measure.costs import FLOPS_MODEL, CostModel, roofline_model  # noqa: E402
 from frontends.measure.profile import profile_step  # noqa: E402
 from frontends.measure.step import StepMeasurement, measure_step  # noqa: E402
-from optimizer.ir.allocator import AllocatorModel, allocator_for  # noqa: E402
-from optimizer.ir.graph import RematGraph  # noqa: E402
-from optimizer.ir.plan import Plan  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
 from solvers import SOLVERS  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.baselines import recompute_all_schedule, store_all_schedule  # noqa: E402
+from solvers.ir.allocator import AllocatorModel, allocator_for  # noqa: E402
+from solvers.ir.graph import RematGraph  # noqa: E402
+from solvers.ir.plan import Plan  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 """greedy's speed before and after the per-graph tables, side by side on the same graphs.
 
-`solvers/greedy.py`, `optimizer/ir/schedule.py` and `optimizer/ir/simulator.py` as they were at
+`solvers/greedy.py`, `solvers/ir/schedule.py` and `solvers/ir/simulator.py` as they were at
 ``--baseline`` (read with `git show`, loaded as private modules next to the working tree's) against
 the working tree's: one `greedy` solve of each per graph and budget, alternating old and new,
 ``--repeats`` times. The table has the medians of wall time and of CPU time (what the solve itself
@@ -32,16 +32,16 @@ import solvers.greedy as new_greedy  # noqa: E402
 from frontends.capture.meta_capture import MetaCapturer  # noqa: E402
 from frontends.capture.model_file import load_model_file  # noqa: E402
 from frontends.capture.step import capture  # noqa: E402
-from optimizer.ir.allocator import AllocatorModel  # noqa: E402
-from optimizer.ir.graph import RematGraph  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.baselines import recompute_all_schedule, store_all_schedule  # noqa: E402
+from solvers.ir.allocator import AllocatorModel  # noqa: E402
+from solvers.ir.graph import RematGraph  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 BASELINE = "6c37dc3"
 """The last commit before the per-graph tables (greedy ~8 ms per candidate on examples/gpt.py)."""
-SWAPPED = ("optimizer/ir/schedule.py", "optimizer/ir/simulator.py", "solvers/greedy.py")
+SWAPPED = ("solvers/ir/schedule.py", "solvers/ir/simulator.py", "solvers/greedy.py")
 TIME_LIMIT_S = 3600.0
 
 

@@ -32,8 +32,9 @@ import torch  # noqa: E402
 from e2e_helpers import clone, load_example, max_relative_error, resident_bytes, train_step  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from frontends.compile.compile_backend import inductor_available, remat_backend  # noqa: E402
+from frontends.compile.backend_settings import inductor_available  # noqa: E402
 from frontends.compile.compiled_memory import profiled_peak  # noqa: E402
+from optimizer.compile import remat_backend  # noqa: E402
 
 MODELS = {"gpt": {"dropout": 0.0}, "mlp": {}}
 

@@ -42,7 +42,8 @@ from torch._functorch import config as functorch_config  # noqa: E402
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from frontends.compile.compile_backend import inductor_available, remat_backend  # noqa: E402
+from frontends.compile.backend_settings import inductor_available  # noqa: E402
+from optimizer.compile import remat_backend  # noqa: E402
 
 MODELS = ("gpt", "gpt2", "vit")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1)

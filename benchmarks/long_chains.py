@@ -24,7 +24,7 @@ formula for the same memory, and the cheapest nested ``torch.utils.checkpoint`` 
     python benchmarks/long_chains.py --steps 100 1000 --out benchmarks/long_chains.md
 
 The 100-step plans are run and measured (``--measure-up-to``); longer ones are planned on the
-captured graph (`optimizer.planning.planner.plan_graph`, what ``optimize`` calls). Nested
+captured graph (`solvers.planning.planner.plan_graph`, what ``optimize`` calls). Nested
 checkpointing is measured up to ``--nested-up-to`` steps (a 10,000-step eager run under the
 memory tracker is not worth its time); ``--budgets`` picks the percentages. For the 10,000-step
 planning target (capture + plan <= 5 minutes):
@@ -51,13 +51,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
 from frontends.measure.step import measure_step  # noqa: E402
-from optimizer.app.api import optimize  # noqa: E402
-from optimizer.ir.graph import Phase  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
+from optimizer.api import optimize  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.baselines import store_all_schedule  # noqa: E402
 from solvers.chain_model import chain_model  # noqa: E402
+from solvers.ir.graph import Phase  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 from solvers.revolve import revolve_cost  # noqa: E402
 
 WIDTH, BATCH = 64, 256

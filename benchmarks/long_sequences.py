@@ -40,8 +40,8 @@ sys.path.insert(0, ROOT)
 
 from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
 from optimizer import optimize, parse_bytes, plan_only  # noqa: E402
-from optimizer.ir.budget import format_bytes  # noqa: E402
 from solvers.base import InfeasibleBudgetError  # noqa: E402
+from solvers.ir.budget import format_bytes  # noqa: E402
 
 VOCAB = 32000
 

@@ -36,7 +36,7 @@ from frontends.capture.step import capture  # noqa: E402
 from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
 from frontends.measure.profile import profile_step  # noqa: E402
 from frontends.measure.step import measure_step  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 
 TOLERANCE = 0.15
 

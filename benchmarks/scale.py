@@ -26,13 +26,13 @@ import torch  # noqa: E402
 
 from examples import gpt2  # noqa: E402
 from frontends.capture.step import capture  # noqa: E402
-from optimizer.app.meta_plan import plan_without_hardware  # noqa: E402
-from optimizer.ir.reduce import reduce_graph  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
-from optimizer.planning.planner import block_of  # noqa: E402
+from optimizer.meta_plan import plan_without_hardware  # noqa: E402
 from solvers import get_solver  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.baselines import store_all_schedule  # noqa: E402
+from solvers.ir.reduce import reduce_graph  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
+from solvers.planning.planner import block_of  # noqa: E402
 
 FRACTIONS = (0.3, 0.5, 0.7, 0.9)
 

@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
-from optimizer.ir.budget import format_bytes  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
 from solvers import get_solver  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
 from solvers.baselines import recompute_all_schedule, store_all_schedule  # noqa: E402
+from solvers.ir.budget import format_bytes  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
 
 FRACTIONS = (0.2, 0.5, 0.8)
 SOLVERS = {  # label: (registered solver, MILP back-end)

@@ -35,10 +35,10 @@ from examples import gpt2  # noqa: E402
 from frontends.capture.meta_capture import MetaCapturer  # noqa: E402
 from frontends.capture.model_file import load_model_file  # noqa: E402
 from frontends.compile.torch_partitioner import partition_schedule  # noqa: E402
-from optimizer.app.whatif import WhatIfRequest, what_if  # noqa: E402
-from optimizer.planning.parallel import default_jobs  # noqa: E402
-from optimizer.planning.sweep import ALL_STRATEGIES, TORCH_STRATEGY, parse_sweep  # noqa: E402
+from optimizer.whatif import WhatIfRequest, what_if  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
+from solvers.planning.parallel import default_jobs  # noqa: E402
+from solvers.planning.sweep import ALL_STRATEGIES, TORCH_STRATEGY, parse_sweep  # noqa: E402
 
 
 def max_batch(model, inputs, args, *, bounds: bool, jobs: int, strategies=ALL_STRATEGIES):

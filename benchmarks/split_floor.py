@@ -19,7 +19,7 @@ attention probabilities and residuals, replayed by the plan; train mode), return
 (loss, logits) (``outputs="all"``), captured on the meta device unsplit, with the head split in 8,
 and with the head in 8 and every MLP in 4: floor rows, the terms that set each proven lower
 bound, then plans at 30% (and 20% when some split reaches 30%) for those three and for
-``split="auto"`` (`optimizer.app.split_plan.plan_with_split`, the search `optimize` runs).
+``split="auto"`` (`optimizer.split_plan.plan_with_split`, the search `optimize` runs).
 
     python benchmarks/split_floor.py --out benchmarks/split_floor.md [--gpt2-small] [--measure] [--mlp]
     python benchmarks/split_floor.py --gpt2-small-preset --out /tmp/preset.md
@@ -42,13 +42,13 @@ from benchmarks.scale import LossOnly  # noqa: E402
 from examples import gpt2  # noqa: E402
 from frontends.capture.step import CapturedStep, capture  # noqa: E402
 from optimizer import optimize  # noqa: E402
-from optimizer.app.split_plan import plan_with_split  # noqa: E402
-from optimizer.ir.simulator import simulate  # noqa: E402
-from optimizer.planning.planner import plan_graph  # noqa: E402
+from optimizer.split_plan import plan_with_split  # noqa: E402
 from solvers.base import InfeasibleBudgetError, SolverOptions  # noqa: E402
 from solvers.baselines import store_all_schedule  # noqa: E402
 from solvers.checkmate.data import prepare  # noqa: E402
 from solvers.checkmate.min_budget import peak_lower_bound, smallest_feasible_budget  # noqa: E402
+from solvers.ir.simulator import simulate  # noqa: E402
+from solvers.planning.planner import plan_graph  # noqa: E402
 from tests.e2e_helpers import clone, max_relative_error, measured_peak, train_step  # noqa: E402
 
 CHUNKS = (1, 2, 4, 8)

@@ -201,9 +201,9 @@ class ModelBench:
                 self.rows.append(self._remat_opt_row(strategy, captured.graph, budget, setting))
 
     def _remat_opt_row(self, strategy: str, graph, budget: int, setting: str) -> Row:
-        from optimizer.ir.allocator import allocator_for
-        from optimizer.planning.planner import plan_graph
         from solvers.base import InfeasibleBudgetError, SolverOptions
+        from solvers.ir.allocator import allocator_for
+        from solvers.planning.planner import plan_graph
 
         allocator = allocator_for(self.inputs[0].device.type)  # CUDA: 512-byte blocks, as measured
         options = SolverOptions(time_limit_s=self.args.time_limit)
@@ -244,7 +244,7 @@ class ModelBench:
             self.rows.append(self._eager_row(row.metrics.peak_bytes, f"= {peer}", "flop-count"))
 
     def _eager_row(self, budget: int, setting: str, cost_model: str = "flops") -> Row:
-        from frontends.eager_runtime.apply import apply_checkpointing
+        from optimizer.checkpointing import apply_checkpointing
         from solvers.base import InfeasibleBudgetError
 
         seed = self.seed_bytes()

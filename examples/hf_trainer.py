@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("hf_trainer.py: Trainer needs accelerate: pip install accelerate", file=sys.stderr)
         return 2
-    from frontends.eager_runtime.apply import apply_checkpointing, describe
+    from optimizer.checkpointing import apply_checkpointing, describe
 
     torch.set_num_threads(1)
     plain = build_lm()

@@ -4,7 +4,7 @@
 
 Each rank captures its own micro-batch's step, plans it for a per-rank budget (the strategy's
 resident parameters, gradients and communication buffers deducted, see
-`optimizer.planning.distributed_budget`), wraps the remat module with ``fully_shard`` or
+`solvers.planning.distributed_budget`), wraps the remat module with ``fully_shard`` or
 ``DistributedDataParallel`` and trains with SGD. Rank 0 prints the per-rank budget, the planned
 and the measured rank peak (`frontends.measure.resize_tracker`, which sees FSDP2's in-place parameter
 storage resizes, plus DDP's buckets measured when DDP wraps the module), and the losses.
@@ -36,12 +36,12 @@ def train(rank: int, world_size: int, strategy: str, budget: str, steps: int) ->
     from frontends.capture.costed_capture import capture_with_costs
     from frontends.distributed.rank_memory import ddp_bucket_bytes, measured_rank_peak
     from frontends.graph_runtime.remat_module import RematModule
-    from optimizer.planning.distributed_budget import (
+    from solvers.base import SolverOptions
+    from solvers.planning.distributed_budget import (
         DataParallelConfig,
         format_rank_breakdown,
         plan_for_rank,
     )
-    from solvers.base import SolverOptions
 
     gpt = _gpt()
     model = gpt.get_model(dropout=0.0)

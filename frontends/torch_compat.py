@@ -3,7 +3,7 @@
 torch's private modules (AOTAutograd's stages and descriptors, FakeTensor, the partitioner's
 helpers, dispatch internals, Inductor) change between releases without notice. Each name the
 package needs from them is imported or adapted here, with a line saying what it guards and on
-which versions it was checked; the rest of the package (frontends, optimizer.app) imports these
+which versions it was checked; the rest of the package (frontends, optimizer) imports these
 names from this module only (tests/frontends/test_torch_compat.py checks it). Inductor and dynamo are
 reached through functions that import them when called. When a release breaks one, the fix
 lands here.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from optimizer.ir.graph import RematGraph
 from solvers.base import SolveResult, SolverOptions
+from solvers.ir.graph import RematGraph
 
 Solver = Callable[[RematGraph, int, SolverOptions], SolveResult]
 

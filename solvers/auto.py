@@ -19,9 +19,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.backends import cp_sat_backend
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
@@ -31,6 +28,9 @@ from solvers.checkmate.cpsat import solve_cpsat_model
 from solvers.checkmate.milp import solve_milp_model
 from solvers.checkmate.milp_engines import highs_available
 from solvers.hierarchical import CHAIN_SOLVERS, LONG_CHAIN_STAGES, solve_hierarchical
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 from solvers.linearize import linearize
 
 

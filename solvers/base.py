@@ -2,7 +2,7 @@
 
 A solver is a function ``solve(graph, budget_bytes, options) -> SolveResult``. It never
 touches torch. Budgets are bytes of peak memory of the whole step, resident parameters and
-inputs included (see `optimizer.ir.simulator`).
+inputs included (see `solvers.ir.simulator`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult
 
 EXACT_MAX_GROUPS = 80
 """Largest graph (op groups) the exact Checkmate model is built for: ``auto`` sends larger graphs

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Container
 
-from optimizer.ir.derived import per_graph
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers.base import ScheduleTooLongError, SolveResult, SolverOptions, heuristic_result
+from solvers.ir.derived import per_graph
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 
 
 def store_all_schedule(graph: RematGraph) -> Schedule:

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers.blocks import find_blocks
 from solvers.highs_lp import LinearProgram
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 from solvers.saved_set import repair_saved_set
 from solvers.segments import pinned_values, segment_schedule
 

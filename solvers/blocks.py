@@ -16,9 +16,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.simulator import simulate
 from solvers.base import SolveResult, SolverOptions, heuristic_result
+from solvers.ir.graph import RematGraph
+from solvers.ir.simulator import simulate
 from solvers.segments import forward_values, pinned_values, segment_schedule
 
 _INDEX = re.compile(r"^\d+$")

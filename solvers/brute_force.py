@@ -6,7 +6,7 @@ of its values live), after which any of the values it read or produced may be fr
 boundary the tangents arrive and any forward output or tangent may be freed. Peak bytes are
 counted as the simulator counts them (resident bytes, the op's siblings and temp bytes while
 it runs, every tangent at the boundary), and the best path is rebuilt as an explicit
-schedule of compute and free steps and checked with `optimizer.ir.simulator.simulate`.
+schedule of compute and free steps and checked with `solvers.ir.simulator.simulate`.
 
 A user output computed in forward is never freed once forward ends: forward returns it and
 the caller holds it to the end of the step (the simulator alone would let a schedule free it
@@ -41,10 +41,10 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
-from optimizer.ir.schedule import Schedule, compute, free
-from optimizer.ir.simulator import simulate
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.schedule import Schedule, compute, free
+from solvers.ir.simulator import simulate
 
 MAX_VALUES = 24
 """Refuse graphs with more op values plus tangents than this."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optimizer.ir.derived import per_graph
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import StepKind
 from solvers.baselines import forward_closure, store_all_schedule
+from solvers.ir.derived import per_graph
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import StepKind
 from solvers.linearize import Linearization, Stage, linearize
 from solvers.segments import backward_groups, forward_reads, pinned_values, resident_names
 

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, heuristic_result
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
 from solvers.linearize import Linearization, linearize
 from solvers.segments import pinned_values, segment_schedule
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 
-from optimizer.ir.derived import per_graph
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, heuristic_result
 from solvers.baselines import forward_closure, kept_through_backward
+from solvers.ir.derived import per_graph
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
 
 CANDIDATES_PER_STEP = 8
 """How many of the best-looking values are simulated before dropping one."""

@@ -1,6 +1,6 @@
 """``hierarchical``: near-optimal schedules with a proven gap on graphs far past the exact MILP.
 
-1. Reduce the graph losslessly (`optimizer.ir.reduce`): same optimum, schedules map back.
+1. Reduce the graph losslessly (`solvers.ir.reduce`): same optimum, schedules map back.
 2. On a long chain of stages (a time-stepping loop, an unrolled RNN, a deep stack: at least
    ``LONG_CHAIN_STAGES`` stages between articulation values), first the chain schedules that
    scale with it: rotor's heterogeneous-chain DP (over super-stages when the chain is too long
@@ -30,14 +30,14 @@ import time
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.reduce import reduce_graph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult, simulate
 from solvers import get_solver
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_within_cap, store_all_schedule
 from solvers.block_plan import block_schedules
+from solvers.ir.graph import RematGraph
+from solvers.ir.reduce import reduce_graph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
 from solvers.linearize import linearize
 from solvers.remat_bound import base_cost_bound, lower_bound
 from solvers.saved_set import repair_saved_set

@@ -16,9 +16,9 @@ from functools import cached_property
 
 import networkx as nx
 
-from optimizer.ir.derived import per_graph
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
 from solvers.baselines import kept_through_backward
+from solvers.ir.derived import per_graph
+from solvers.ir.graph import NodeKind, Phase, RematGraph
 
 _SOURCE = "<source>"
 _SINK = "<sink>"

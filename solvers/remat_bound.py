@@ -39,8 +39,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from optimizer.ir.graph import Phase, RematGraph, prune_dead
 from solvers.highs_lp import LinearProgram, LpStatus
+from solvers.ir.graph import Phase, RematGraph, prune_dead
 
 
 @dataclass(frozen=True)

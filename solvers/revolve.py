@@ -41,12 +41,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.base import SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import forward_closure, store_all_schedule
 from solvers.chain_model import ChainModel, chain_model
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
 from solvers.segments import pinned_values, resident_names
 
 _INF = float("inf")

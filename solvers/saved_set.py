@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import SimulationResult, simulate
 from solvers.greedy import live_at, recompute_cost, resave, schedule_from_saved
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
 
 RESAVE_CANDIDATES = 48
 """How many dropped values, most expensive first, the re-save pass tries to put back."""

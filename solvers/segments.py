@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
-from optimizer.ir.schedule import Schedule
 from solvers.baselines import forward_closure, kept_through_backward
+from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.schedule import Schedule
 
 
 def pinned_values(graph: RematGraph) -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.graph import NodeKind, Phase, RematGraph
 
 
 def exhaustive_optimum(graph: RematGraph, budget_bytes: int) -> float | None:

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph, prune_dead
-from optimizer.ir.simulator import simulate
 from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph, prune_dead
+from solvers.ir.simulator import simulate
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 

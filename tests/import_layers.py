@@ -14,11 +14,11 @@ from pathlib import Path
 import networkx as nx
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("optimizer.ir",),
+    ("solvers.ir",),
     ("solvers",),
-    ("optimizer.planning",),
+    ("solvers.planning",),
     ("frontends",),
-    ("optimizer.app", "optimizer"),
+    ("optimizer",),
 )
 """Module prefixes of each layer, bottom first; a module's layer is that of its longest prefix."""
 

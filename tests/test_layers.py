@@ -1,4 +1,5 @@
-"""The layers of docs/design.md "Layout" hold: IR <- solvers <- planning <- frontends <- app.
+"""The layers of docs/design.md "Layout" hold: IR <- solvers <- planning (the torch-free core, all in
+`solvers/`) <- frontends <- the public API (`optimizer/`).
 
 Each check runs on the real tree, and on a temporary copy of the tree's shape with one wrong
 import added, to show that it can fail.
@@ -49,12 +50,12 @@ def test_function_local_imports_say_why():
 
 def test_the_reader_sees_local_and_relative_imports():
     found = {(i.importer, i.imported, i.local) for i in all_imports(ROOT)}
-    assert ("optimizer.app.cli", "optimizer.app.api", True) in found  # inside run()
+    assert ("optimizer.cli", "optimizer.api", True) in found  # inside run()
     assert ("solvers.auto", "solvers.hierarchical", False) in found
 
 
 def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for pkg in ("optimizer", "optimizer/ir", "optimizer/app", "optimizer/planning", "frontends", "solvers"):
+    for pkg in ("optimizer", "solvers/ir", "solvers/planning", "frontends", "solvers"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
     for name, text in files.items():
@@ -66,20 +67,20 @@ def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
 def test_an_upward_import_fails(tmp_path):
     root = _fake_tree(tmp_path, {
         "frontends/capture/step.py": "import torch\n",
-        "optimizer/ir/graph.py": "from frontends.capture.step import capture\n",  # IR -> frontends: wrong
-        "solvers/greedy.py": "from optimizer.ir import graph\n",  # solvers -> IR: right
+        "solvers/ir/graph.py": "from frontends.capture.step import capture\n",  # IR -> frontends: wrong
+        "solvers/greedy.py": "from solvers.ir import graph\n",  # solvers -> IR: right
     })
     bad = upward_imports(root)
-    assert [(i.importer, i.imported) for i in bad] == [("optimizer.ir.graph", "frontends.capture.step")]
+    assert [(i.importer, i.imported) for i in bad] == [("solvers.ir.graph", "frontends.capture.step")]
 
 
 def test_a_hidden_upward_import_fails_too(tmp_path):
     root = _fake_tree(tmp_path, {
-        "optimizer/planning/planner.py": "def plan():\n    from optimizer.app import api  # heavy: torch\n",
-        "optimizer/app/api.py": "",
+        "solvers/planning/planner.py": "def plan():\n    from optimizer import api  # heavy: torch\n",
+        "optimizer/api.py": "",
     })
     assert [(i.importer, i.imported, i.local) for i in upward_imports(root)] == [
-        ("optimizer.planning.planner", "optimizer.app.api", True)]
+        ("solvers.planning.planner", "optimizer.api", True)]
 
 
 def test_a_cycle_and_an_unexplained_local_import_fail(tmp_path):
@@ -110,7 +111,7 @@ def test_a_crowded_folder_fails(tmp_path):
     assert crowded_folders(root) == {"frontends": 13, "frontends/capture": 13}
 
 
-TORCH_FREE_LAYERS = ("optimizer.ir", "solvers", "optimizer.planning")
+TORCH_FREE_LAYERS = ("solvers.ir", "solvers", "solvers.planning")
 
 
 @pytest.mark.parametrize("layer", TORCH_FREE_LAYERS)

@@ -3,10 +3,10 @@
 The model's parameters and the inputs become meta tensors, so capture allocates nothing and a
 batch of 10^6 costs what a batch of 1 does. `MetaCapturer` also serves ``--dtype``: floating
 parameters and inputs are cast on the meta device, so a bf16 what-if needs neither the memory
-nor the hardware. `optimizer.planning.batch_search` searches over the captures.
+nor the hardware. `solvers.planning.batch_search` searches over the captures.
 
 A search probes many batch sizes; `MetaCapturer.scale_to` fits the step's sizes and costs over
-the batch from two captures and checks the fit with a third (`optimizer.planning.batch_scaling`),
+the batch from two captures and checks the fit with a third (`solvers.planning.batch_scaling`),
 after which `graph_at` answers every batch in the checked range by arithmetic instead of a capture.
 """
 
@@ -20,9 +20,9 @@ import torch
 from frontends.capture.costed_capture import capture_with_costs
 from frontends.measure.costs import cost_model_from_name, op_bytes_moved
 from frontends.torch_compat import tree_flatten, tree_map
-from optimizer.ir.graph import RematGraph
-from optimizer.planning.batch_scaling import BatchScaling, ScalingMismatch, StepSample, fit_batch_scaling
-from optimizer.planning.batch_search import DTYPES, WhatIfError
+from solvers.ir.graph import RematGraph
+from solvers.planning.batch_scaling import BatchScaling, ScalingMismatch, StepSample, fit_batch_scaling
+from solvers.planning.batch_search import DTYPES, WhatIfError
 
 
 class MetaCapturer:

@@ -67,7 +67,7 @@ from frontends.torch_compat import (
     aot_export_joint_with_descriptors,
 )
 from frontends.torch_compat import aot_descriptors as aot_desc
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
 
 
 class CaptureError(RuntimeError):

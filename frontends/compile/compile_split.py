@@ -21,8 +21,8 @@ the MLPs, or the loss, in one graph only (transformers' GPT-2 breaks inside its 
 so its MLPs are in the first graph and its loss in the second): a later graph without a chain is
 compiled unsplit and says so (`GraphSplits.unsplit`), the first one raises.
 
-``split="auto"`` (and ``split_mlp="auto"``) is chosen per graph by `frontends.compile.compile_backend`
-with `optimizer.planning.split_search` (the search ``optimize(split="auto")`` runs): each
+``split="auto"`` (and ``split_mlp="auto"``) is chosen per graph by `frontends.compile.auto_split`
+with `solvers.planning.split_search` (the search ``optimize(split="auto")`` runs): each
 candidate is split on a copy of dynamo's graph (`copy_graph_module`), and a graph without the
 chain is compiled unsplit, its plan's message saying why.
 """
@@ -42,7 +42,7 @@ from frontends.capture.step import CaptureError
 from frontends.split.mlp_split import MlpSplitError, MlpSplits, split_mlps
 from frontends.split.row_split import RowSplit, RowSplitError, find_heads, split_rows
 from frontends.torch_compat import pytree
-from optimizer.planning.split_search import split_choices
+from solvers.planning.split_search import split_choices
 
 _BREAK_HINT = ("under torch.compile each graph dynamo hands the backend is split on its own, and a graph "
                "break before the chain, or between the head and its loss, leaves the first graph without "

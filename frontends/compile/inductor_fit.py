@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from optimizer.ir.plan import Plan
 from solvers.base import InfeasibleBudgetError
+from solvers.ir.plan import Plan
 
 FITS = ("inductor",)
 

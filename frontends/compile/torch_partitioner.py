@@ -36,9 +36,9 @@ import torch
 
 from frontends.capture.step import CapturedStep
 from frontends.torch_compat import PARTITIONER_LOGGER, functorch_config, min_cut_rematerialization_partition
-from optimizer.ir.graph import Phase
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import InvalidScheduleError, simulate
+from solvers.ir.graph import Phase
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import InvalidScheduleError, simulate
 
 STRATEGY_NAME = "torch-min-cut"
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

@@ -1,7 +1,7 @@
 """The eager runtime's run-time half: selective-checkpoint wrappers on the user's modules, and
 plans as files.
 
-Why apart from `frontends.eager_runtime.apply` (which plans): applying, loading, saving and removing a
+Why apart from `optimizer.checkpointing` (which plans): applying, loading, saving and removing a
 plan needs only ``torch.utils.checkpoint``, not the capture and solver machinery, so a training
 script (or every rank of a distributed job) that loads a plan made elsewhere imports little.
 
@@ -31,8 +31,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
 from frontends.torch_compat import TorchDispatchMode
-from optimizer.ir.budget import format_bytes
-from optimizer.ir.plan import Plan
+from solvers.ir.budget import format_bytes
+from solvers.ir.plan import Plan
 
 SCHEMA = "remat-opt/eager-plan/1"
 

@@ -26,8 +26,8 @@ from frontends.capture.costed_capture import capture_with_costs
 from frontends.capture.step import CapturedStep
 from frontends.eager_runtime.eager_checkpoint import EAGER_BATCH_NORMS, is_in_place
 from frontends.torch_compat import TorchDispatchMode, tree_leaves
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
+from solvers.ir.graph import Phase, RematGraph
+from solvers.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
 
 
 def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -276,7 +276,7 @@ def mapping_summary(graph: RematGraph, trace: EagerTrace, path: str) -> tuple[in
 
 def held_values(graph: RematGraph, trace: EagerTrace, found: list[RegionCandidate]) -> dict[str, tuple[str, ...]]:
     """Module path -> the graph values its forward still holds when it returns (mappable ones),
-    for `optimizer.planning.eager_plan.with_holds`."""
+    for `solvers.planning.eager_plan.with_holds`."""
     holds: dict[str, tuple[str, ...]] = {}
     for cand in found:
         keys = {key: name for name, key in region_keys(graph, cand.path, trace.overloads).items()}

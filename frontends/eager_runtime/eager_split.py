@@ -18,7 +18,7 @@ projection) would change the function; such modules are left whole and named, an
 
 How the plan sees it: the step is captured with the chunked forward in place (chunks without
 their own checkpoint, `unchecked_chunks`), and each chunk's forward and backward values are
-labelled with a pseudo-module below the MLP (`optimizer.planning.eager_plan.chunk_path`), which
+labelled with a pseudo-module below the MLP (`solvers.planning.eager_plan.chunk_path`), which
 the planner treats as a region that is always checkpointed unless a region around it is.
 """
 
@@ -32,8 +32,8 @@ import torch
 from frontends.eager_runtime.eager_checkpoint import SplitPolicy
 from frontends.eager_runtime.eager_ops import EagerTrace
 from frontends.split.mlp_split import MlpSplitError
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
-from optimizer.planning.eager_plan import chunk_path, within
+from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.planning.eager_plan import chunk_path, within
 
 
 class EagerSplitError(MlpSplitError):

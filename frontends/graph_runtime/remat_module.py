@@ -32,8 +32,7 @@ from frontends.graph_runtime.shape_variants import (
 )
 from frontends.guards.sharding import check_no_sharded_submodules
 from frontends.torch_compat import aot_compile_joint_with_descriptors, fx_boxed_codegen, tree_flatten, tree_unflatten
-from optimizer.ir.plan import Plan
-from optimizer.planning.planner import plan_for_schedule
+from solvers.ir.plan import Plan
 
 
 def boxed(gm: torch.fx.GraphModule):
@@ -60,20 +59,23 @@ class ShapePolicy:
     ``static``: only the planned sizes run (anything else raises `InputMismatchError`).
     Otherwise inputs no larger than planned run the planned schedule on a capture at their sizes
     (``recapture``), and a larger input raises (``on_larger="error"``) or is planned afresh
-    (``"replan"``: ``replan`` plans a capture at the original budget). At most ``max_variants``
-    sizes are kept, the least recently used dropped first."""
+    (``"replan"``: ``replan`` plans a capture at the original budget). ``reschedule`` makes the
+    plan the planned schedule makes on a smaller capture (simulated, not solved). Both come from
+    the planner above (`optimizer.api`). At most ``max_variants`` sizes are kept, the least
+    recently used dropped first."""
 
     static: bool = True
     on_larger: str = "error"
     recapture: Callable[[tuple, dict], CapturedStep] | None = None
     replan: Callable[[CapturedStep], Plan] | None = None
+    reschedule: Callable[[CapturedStep, Plan, str], Plan] | None = None
     max_variants: int = 8
 
     def __post_init__(self) -> None:
         if self.on_larger not in ON_LARGER:
             raise ValueError(f"on_larger must be one of {', '.join(ON_LARGER)}, got {self.on_larger!r}")
-        if not self.static and self.recapture is None:
-            raise ValueError("a shape-polymorphic module needs a recapture function")
+        if not self.static and (self.recapture is None or self.reschedule is None):
+            raise ValueError("a shape-polymorphic module needs recapture and reschedule functions")
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,8 @@ class RematModule(torch.nn.Module):
             raise InputMismatchError(
                 f"at ({describe_shapes(input_signature((tuple(args), dict(kwargs))))}) the model traces to "
                 f"another graph ({difference}): it specializes on a size; call optimize() with these inputs")
-        plan = plan_for_schedule(captured.graph, self.plan.schedule, self.plan.budget_bytes, self.plan,
-                                 message=f"the schedule planned at ({describe_shapes(self._signature)})")
+        plan = self._shapes.reschedule(captured, self.plan,
+                                       f"the schedule planned at ({describe_shapes(self._signature)})")
         if plan.predicted_peak_bytes > self.plan.predicted_peak_bytes:  # a bug, not a user error
             raise AssertionError(
                 f"the planned schedule peaks at {plan.predicted_peak_bytes} bytes on smaller inputs, "

@@ -23,7 +23,7 @@ from torch import fx
 from frontends.capture.step import CapturedStep
 from frontends.graph_runtime.rng_replay import RNG_STATE_META, replay, state_device
 from frontends.torch_compat import _extract_fwd_bwd_modules, is_sym_node
-from optimizer.ir.schedule import Schedule, StepKind
+from solvers.ir.schedule import Schedule, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"
 

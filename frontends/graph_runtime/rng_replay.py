@@ -6,7 +6,7 @@ must keep its output, so a model trained with dropout cannot reach the memory th
 before each forward random op of the joint graph, a node that copies the default generator's
 state (`rng_state`: a dispatched op, so memory tracking sees the copy). The random op is tagged
 with that node's name; the IR makes the state a run-once input of the op
-(`optimizer.ir.graph.Node.rng_state`), and the rewrite runs every *recomputation* through
+(`solvers.ir.graph.Node.rng_state`), and the rewrite runs every *recomputation* through
 `replay`, which sets the saved state, runs the op and puts the generator back.
 
 Why this is exact: the state is copied immediately before the first run, and no other draw

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from frontends.torch_compat import tree_flatten
-from optimizer.ir.graph import RematGraph
+from solvers.ir.graph import RematGraph
 
 SAME, SMALLER, LARGER, DIFFERENT = "same", "smaller", "larger", "different"
 ON_LARGER = ("error", "replan")

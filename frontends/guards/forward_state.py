@@ -1,7 +1,7 @@
 """The Python state a forward may change outside its tensors: plain attributes of the model's
 modules (and tensor attributes, by identity) and the module-level variables of the files that
 define their ``forward``; snapshots, their differences as phrases, and the values to restore.
-`frontends.guards.forward_guards` compares them around a capture; `optimizer.app.verify` after steps."""
+`frontends.guards.forward_guards` compares them around a capture; `optimizer.verify` after steps."""
 
 from __future__ import annotations
 

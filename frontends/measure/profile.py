@@ -28,8 +28,8 @@ from frontends.capture.step import CapturedStep
 from frontends.measure.costs import PROFILE_MODEL
 from frontends.torch_compat import aot_descriptors as aot_desc
 from frontends.torch_compat import tree_flatten
-from optimizer.ir.costs_update import with_costs
-from optimizer.ir.graph import RematGraph
+from solvers.ir.costs_update import with_costs
+from solvers.ir.graph import RematGraph
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "remat-opt" / "profiles"
 """Where the CLI keeps profiles between runs (tests and library calls pass their own or none)."""

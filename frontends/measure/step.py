@@ -9,7 +9,7 @@ A predicted peak nobody has seen match a measured one is not trusted, so the CLI
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, taken after a
   warm-up step. Nothing is subtracted: it includes everything the process holds on the device
   (other models' tensors too), library workspaces (cuBLAS keeps one per handle and stream once
-  used) and the caching allocator's 512-byte rounding; `optimizer.ir.allocator` models these.
+  used) and the caching allocator's 512-byte rounding; `solvers.ir.allocator` models these.
 
 Gradients are set to None before every step, so each step allocates them as a first step does
 (the simulator counts them as outputs of backward). The loss is the module's output, or its

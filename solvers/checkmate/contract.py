@@ -12,13 +12,13 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_within_cap, store_all_schedule
 from solvers.checkmate.data import lower_bound_bytes, prepare
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 
 
 @dataclass(frozen=True)

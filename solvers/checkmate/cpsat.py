@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import time
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
 from solvers.backends import cp_sat_backend
 from solvers.base import (
     SolveResult,
@@ -58,6 +56,8 @@ from solvers.checkmate.cpsat_model import (
 )
 from solvers.checkmate.data import CheckmateData, TriviallyInfeasible, is_const, prepare
 from solvers.checkmate.stages import stage_sequences
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
 
 SOLVER_NAME = "checkmate-cpsat"
 BACKEND = "cp-sat"

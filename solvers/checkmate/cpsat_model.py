@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Union
 
-from optimizer.ir.schedule import Schedule
 from solvers.backends import cp_sat_backend
 from solvers.checkmate.data import (
     CheckmateData,
@@ -26,6 +25,7 @@ from solvers.checkmate.data import (
     stage_slots,
 )
 from solvers.checkmate.stages import start_assignment
+from solvers.ir.schedule import Schedule
 
 _MAX_BYTE_UNITS = 10**8
 """Largest model size in byte units before bytes are scaled lossily (rounded up)."""

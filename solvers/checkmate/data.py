@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from optimizer.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.graph import NodeKind, Phase, RematGraph
 
 
 class TriviallyInfeasible(Exception):

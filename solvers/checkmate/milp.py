@@ -19,7 +19,7 @@ what it keeps for later stages is decided by ``S``. The variables, as in the pap
   still live, its outputs allocated), by the paper's recurrence ``U[t, g] = U[t, prev] -
   freed after prev + R[t, g] * bytes(g)``; ``U <= budget`` and ``U + R * temp_bytes <= budget``.
 
-Adaptations to this project's IR and simulator (`optimizer.ir.simulator` is the judge):
+Adaptations to this project's IR and simulator (`solvers.ir.simulator` is the judge):
 
 - **Run-once ops** (``compute_once``): only ``R[g, g] = 1`` exists, so they run exactly once,
   in forward (checked), in the original order.
@@ -86,12 +86,12 @@ contract shared with CP-SAT: shortcuts, seeds, fallbacks, simulation).
 
 from __future__ import annotations
 
-from optimizer.ir.graph import RematGraph
 from solvers.base import SolveResult, SolverOptions
 from solvers.checkmate.contract import MilpSolution, solve_checkmate
 from solvers.checkmate.data import CheckmateData, lower_bound_bytes, prepare
 from solvers.checkmate.milp_engines import solve_milp_model
 from solvers.checkmate.milp_model import model_size
+from solvers.ir.graph import RematGraph
 
 __all__ = ["SOLVER_NAME", "MilpSolution", "model_size", "solve_checkmate", "solve_milp",
            "solve_milp_model", "CheckmateData", "lower_bound_bytes", "prepare"]

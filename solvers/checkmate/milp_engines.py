@@ -9,8 +9,6 @@ import time
 
 import pulp
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
 from solvers.backends import highspy_backend
 from solvers.base import (
     SolverOptions,
@@ -22,6 +20,8 @@ from solvers.checkmate.contract import MilpSolution
 from solvers.checkmate.data import TriviallyInfeasible, is_const, prepare
 from solvers.checkmate.milp_model import MilpModel, build_milp_model, set_mip_start
 from solvers.checkmate.stages import stage_sequences
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
 
 
 def _objective_offset(model: MilpModel) -> float:

@@ -11,8 +11,6 @@ from typing import Union
 
 import pulp
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
 from solvers.checkmate.data import (
     CheckmateData,
     TriviallyInfeasible,
@@ -25,6 +23,8 @@ from solvers.checkmate.data import (
     stage_slots,
 )
 from solvers.checkmate.stages import start_assignment
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
 
 _MAX_SCALED_BYTES = 1e4
 """Bytes are scaled so that the sum of every byte count in the model is at most this."""

@@ -29,14 +29,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers.base import EXACT_MAX_GROUPS, SolverOptions
 from solvers.checkmate.contract import classic_schedules
 from solvers.checkmate.cpsat_model import build_cpsat_model, cp_model, hint_schedule, new_solver
 from solvers.checkmate.data import TriviallyInfeasible, is_const, lower_bound_bytes, prepare
 from solvers.checkmate.stages import stage_sequences
+from solvers.ir.graph import RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 
 TIME_LIMIT_S = 10.0
 """Longest the exact search runs (less when ``options.time_limit_s`` is less)."""

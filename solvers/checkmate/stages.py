@@ -4,8 +4,8 @@ assignment (R, S and FREE values) of a given schedule, used as a warm start by e
 
 from __future__ import annotations
 
-from optimizer.ir.schedule import Schedule
 from solvers.checkmate.data import CheckmateData, is_const, is_kept
+from solvers.ir.schedule import Schedule
 
 
 def stage_sequences(data: CheckmateData, chosen) -> tuple[list[str], list[str]]:

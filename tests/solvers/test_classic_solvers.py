@@ -12,14 +12,14 @@ import pytest
 from exhaustive import exhaustive_optimum
 from graphs import B, F, chain, op, random_graph
 
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.ir.simulator import simulate
 from solvers import SOLVERS, get_solver
 from solvers.base import SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.blocks import find_blocks, solve_blocks
 from solvers.chain_dp import solve_chain_dp
 from solvers.chen import default_segments, solve_chen, solve_chen_greedy, uniform_checkpoints
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.simulator import simulate
 from solvers.linearize import articulation_values, linearize
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -6,14 +6,14 @@ from graphs import chain, check_exact_result, random_graph, store_and_lean_peaks
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import min_feasible_budget, solve_brute_force
 from solvers.checkmate.cpsat import solve_cpsat, solve_cpsat_model
 from solvers.checkmate.milp import solve_milp, solve_milp_model
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 
 CPSAT = SolverOptions(time_limit_s=30)
 HIGHS = SolverOptions(milp_engine="highs", time_limit_s=30)

@@ -30,12 +30,6 @@ import solvers.hierarchical
 import solvers.remat_bound
 import solvers.revolve
 import solvers.rotor
-from optimizer.ir.allocator import AllocatorModel
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.ir.schedule import Schedule, StepKind
-from optimizer.ir.simulator import simulate
-from optimizer.planning.batch_search import classic_floor
-from optimizer.planning.sweep import run_sweep
 from solvers import get_solver
 from solvers.auto import solve_auto
 from solvers.base import ScheduleTooLongError, SolverOptions, SolveStatus
@@ -45,7 +39,13 @@ from solvers.chain_model import chain_model, coarsen
 from solvers.checkmate.contract import classic_schedules
 from solvers.chen import solve_chen_greedy, stage_weights, uniform_checkpoints
 from solvers.highs_lp import LinearProgram
+from solvers.ir.allocator import AllocatorModel
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.schedule import Schedule, StepKind
+from solvers.ir.simulator import simulate
 from solvers.linearize import linearize
+from solvers.planning.batch_search import classic_floor
+from solvers.planning.sweep import run_sweep
 from solvers.remat_bound import base_cost_bound, lower_bound
 from solvers.revolve import (
     binomial_schedule,

@@ -17,9 +17,6 @@ from graphs import (
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.ir.graph import Node, NodeKind, RematGraph
-from optimizer.ir.schedule import Schedule
-from optimizer.ir.simulator import simulate
 from solvers.base import (
     InfeasibleBudgetError,
     SolverOptions,
@@ -29,6 +26,9 @@ from solvers.base import (
 from solvers.baselines import recompute_all_schedule
 from solvers.brute_force import MAX_VALUES, min_feasible_budget, solve_brute_force
 from solvers.checkmate.milp import model_size, solve_milp, solve_milp_model
+from solvers.ir.graph import Node, NodeKind, RematGraph
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import simulate
 
 CBC = SolverOptions(milp_engine="cbc", time_limit_s=60)
 HYPOTHESIS = settings(max_examples=20, deadline=None, derandomize=True,

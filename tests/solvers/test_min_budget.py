@@ -8,13 +8,13 @@ from graphs import chain, random_graph
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.ir.simulator import simulate
-from optimizer.planning.planner import plan_graph
 from solvers.base import EXACT_MAX_GROUPS, InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.brute_force import min_feasible_budget
 from solvers.checkmate.cpsat import solve_cpsat
 from solvers.checkmate.min_budget import peak_lower_bound, smallest_feasible_budget
+from solvers.ir.simulator import simulate
+from solvers.planning.planner import plan_graph
 
 HYPOTHESIS = settings(max_examples=15, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -108,7 +108,7 @@ def test_the_budget_an_error_names_plans_on_a_graph_too_large_for_the_exact_sear
     """A chain past the exact solvers' size (auto hands it to hierarchical; min-budget names the
     leanest classic peak without a proof): asked for exactly the named budget, auto plans it,
     by itself (the planner's last resort switched off), at no more than that budget."""
-    import optimizer.planning.planner as planner
+    import solvers.planning.planner as planner
 
     graph = chain(length)
     assert len(graph.groups) > EXACT_MAX_GROUPS
@@ -124,7 +124,7 @@ def test_when_a_searching_solver_finds_nothing_the_planner_returns_the_named_sch
     """Whatever auto misses (a time-limited exact model, a heuristic family that cannot reach
     the budget), the smallest-budget search's schedule is the plan at the budget it names; an
     explicitly chosen classic solver still raises (its family is what the user asked for)."""
-    import optimizer.planning.planner as planner
+    import solvers.planning.planner as planner
     from solvers.base import SolveResult
 
     def finds_nothing(graph, budget_bytes, options):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.ir.graph import RematGraph
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolverOptions
+from solvers.ir.graph import RematGraph
+from solvers.ir.simulator import simulate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASELINES = ("recompute-all", "chen", "chen-greedy", "chain-dp", "greedy", "revolve")

@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 from graphs import chain
 
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolveProgress, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.ir.simulator import simulate
 
 TOL = 1e-9
 needs_highs = pytest.mark.skipif(importlib.util.find_spec("highspy") is None,

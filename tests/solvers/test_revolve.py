@@ -8,12 +8,12 @@ import pytest
 from exhaustive import exhaustive_optimum
 from graphs import chain, random_graph
 
-from optimizer.ir.graph import Phase, RematGraph
-from optimizer.ir.schedule import Schedule, StepKind
-from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.chain_dp import solve_chain_dp
+from solvers.ir.graph import Phase, RematGraph
+from solvers.ir.schedule import Schedule, StepKind
+from solvers.ir.simulator import simulate
 from solvers.revolve import (
     binomial_schedule,
     chain_steps,

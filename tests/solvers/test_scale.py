@@ -7,12 +7,12 @@ from graphs import chain, random_graph
 
 from examples import gpt, gpt2, mlp
 from frontends.capture.step import capture
-from optimizer.app.meta_plan import plan_without_hardware
-from optimizer.ir.simulator import simulate
+from optimizer.meta_plan import plan_without_hardware
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.block_plan import block_kinds
+from solvers.ir.simulator import simulate
 from solvers.remat_bound import lower_bound
 
 EXACT = SolverOptions(time_limit_s=60)

@@ -23,7 +23,7 @@ import json, warnings
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     from graphs import chain
-    from optimizer.ir.simulator import simulate
+    from solvers.ir.simulator import simulate
     from solvers import get_solver
     from solvers.base import SolverOptions, SolverUnavailableError
     from solvers.checkmate.milp_engines import highs_available

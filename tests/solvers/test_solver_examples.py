@@ -17,11 +17,11 @@ import torch
 from e2e_helpers import example_path, load_example
 
 from frontends.capture.costed_capture import capture_with_costs
-from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.checkmate.cpsat import solve_cpsat
 from solvers.checkmate.milp import solve_milp
+from solvers.ir.simulator import simulate
 
 TIME_LIMIT_S = 1.0
 FRACTIONS = (0.2, 0.5, 0.8)

@@ -10,11 +10,11 @@ from graphs import chain, random_graph
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from optimizer.ir.simulator import simulate
 from solvers import SOLVERS, get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.brute_force import min_feasible_budget, solve_brute_force
+from solvers.ir.simulator import simulate
 
 OPTIONS = SolverOptions(time_limit_s=5.0, milp_engine="highs")
 NOT_CHAIN_SOLVERS = {"revolve"}  # raises ValueError on graphs that are not chains, by design

@@ -12,8 +12,8 @@ import frontends.capture.step as capture_module
 from frontends.capture.export_passes import drop_identity_dropouts
 from frontends.capture.step import capture
 from optimizer import optimize
-from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule
+from solvers.ir.simulator import simulate
 from tests.e2e_helpers import clone, load_example, max_relative_error, measured_peak, train_step
 
 

@@ -16,10 +16,10 @@ from e2e_helpers import hf_step, max_relative_error, tiny_gpt2
 from frontends.capture.step import CaptureError, capture
 from frontends.guards.hf_training import USE_CACHE_NOTE
 from optimizer import optimize
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.ir.simulator import simulate
 from solvers import get_solver
 from solvers.base import SolverOptions
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.simulator import simulate
 
 VOCAB = 128
 TIME_LIMIT = 2.0

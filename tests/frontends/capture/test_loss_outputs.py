@@ -13,9 +13,9 @@ from torch import nn
 from frontends.capture.output_selection import NoLossOutputError
 from frontends.capture.step import capture
 from optimizer import optimize
-from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound
+from solvers.ir.simulator import simulate
 from tests.e2e_helpers import clone, load_example, max_relative_error
 
 TOLERANCE = 1e-10

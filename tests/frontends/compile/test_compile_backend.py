@@ -21,11 +21,13 @@ from e2e_helpers import (
 )
 from torch import nn
 
-from frontends.compile.compile_backend import GraphBreakError, inductor_available, remat_backend
+from frontends.compile.backend_settings import inductor_available
+from frontends.compile.compile_backend import GraphBreakError
 from frontends.compile.compiled_memory import profiled_peak
 from optimizer import find_graph_breaks
-from optimizer.ir.budget import BudgetError
+from optimizer.compile import remat_backend
 from solvers.base import InfeasibleBudgetError
+from solvers.ir.budget import BudgetError
 
 
 @pytest.fixture(autouse=True)
@@ -226,8 +228,8 @@ def test_a_forward_op_after_backward_ops_is_moved_first():
     data refused such graphs with a deep ValueError on the infeasible-budget path (GPT at 50%).
     `forward_ops_first` moves it before every backward op, and the bound is computed."""
     from frontends.compile.dynamo_joint import forward_ops_first
-    from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
     from solvers.checkmate.data import prepare
+    from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
 
     f, b = Phase.FORWARD, Phase.BACKWARD
 

@@ -19,11 +19,12 @@ from e2e_helpers import ROOT, clone, load_example, max_relative_error, train_ste
 from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed
 
-from frontends.compile.compile_backend import inductor_available, remat_backend
+from frontends.compile.backend_settings import inductor_available
 from frontends.split.mlp_split import MlpSplitError
 from frontends.split.row_split import RowSplitError
-from optimizer.ir.budget import resolve_budget
+from optimizer.compile import remat_backend
 from solvers.checkmate.min_budget import peak_lower_bound
+from solvers.ir.budget import resolve_budget
 
 TOLERANCE = 1e-10
 aten = torch.ops.aten

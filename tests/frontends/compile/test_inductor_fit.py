@@ -15,9 +15,10 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, max_relative_error, resident_bytes, train_step
 
-from frontends.compile.compile_backend import inductor_available, remat_backend
+from frontends.compile.backend_settings import inductor_available
 from frontends.compile.compiled_memory import profiled_peak
 from frontends.compile.inductor_fit import fit_plan
+from optimizer.compile import remat_backend
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def test_plans_recomputing_the_same_ops_in_another_order_are_probed_apart():
     """The probe is reused only for the same schedule: a seed that saves and recomputes what a
     solver plan does, in another order, compiles to another peak (276 KB apart on ViT, where
     reusing the probe kept a plan 276 KB over the budget)."""
-    from optimizer.ir.schedule import Schedule, compute
+    from solvers.ir.schedule import Schedule, compute
 
     def plan(order: tuple[str, ...], peak: int, solver: str):
         schedule = Schedule(forward=(compute("a"),), backward=tuple(compute(n) for n in order))
@@ -252,7 +253,7 @@ def test_a_seed_compiled_as_other_graphs_is_probed_apart_from_its_rewrite():
     """The backend may compile one seed two ways (remat-opt's rewrite of its schedule, then
     torch's own graphs, which can save a view where the rewrite saves its base): the same
     schedule is probed again only when ``variant_of`` says the graphs differ."""
-    from optimizer.ir.schedule import Schedule, compute
+    from solvers.ir.schedule import Schedule, compute
 
     def plan(backward: str, cost: float, solver: str):
         schedule = Schedule(forward=(compute("a"),), backward=(compute(backward),))

@@ -11,9 +11,9 @@ from e2e_helpers import example_path, load_example, small_mlp
 
 from frontends.capture.meta_capture import MetaCapturer
 from frontends.compile.torch_partitioner import partition_schedule, partition_schedules
-from optimizer.ir.graph import Phase
-from optimizer.ir.simulator import simulate
 from solvers.baselines import store_all_schedule
+from solvers.ir.graph import Phase
+from solvers.ir.simulator import simulate
 
 
 def example_module(name: str):

@@ -14,8 +14,10 @@ import torch
 from e2e_helpers import clone, load_example, max_relative_error
 
 from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.planning.distributed_budget import (
+from solvers.base import InfeasibleBudgetError
+from solvers.baselines import store_all_schedule
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.planning.distributed_budget import (
     DataParallelConfig,
     RankOffsets,
     Strategy,
@@ -26,8 +28,6 @@ from optimizer.planning.distributed_budget import (
     rank_offset,
     rank_offsets,
 )
-from solvers.base import InfeasibleBudgetError
-from solvers.baselines import store_all_schedule
 
 STEPS = 3
 

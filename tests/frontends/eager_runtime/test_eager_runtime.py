@@ -19,7 +19,9 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
-from frontends.eager_runtime.apply import (
+from frontends.eager_runtime.eager_checkpoint import recomputes_batch_norm
+from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
+from optimizer.checkpointing import (
     CheckpointPlanError,
     apply_checkpointing,
     checkpointed_modules,
@@ -27,20 +29,18 @@ from frontends.eager_runtime.apply import (
     remove_checkpointing,
     save_checkpointing_plan,
 )
-from frontends.eager_runtime.eager_checkpoint import recomputes_batch_norm
-from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
-from optimizer.app.cli import EXIT_USAGE, main
-from optimizer.ir.graph import Node, NodeKind, Phase, RematGraph
-from optimizer.ir.simulator import simulate
-from optimizer.planning.eager_plan import (
+from optimizer.cli import EXIT_USAGE, main
+from solvers.base import InfeasibleBudgetError
+from solvers.baselines import store_all_schedule
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.simulator import simulate
+from solvers.planning.eager_plan import (
     RegionCandidate,
     RegionModel,
     solve_eager,
     with_autograd_node_holds,
     with_holds,
 )
-from solvers.base import InfeasibleBudgetError
-from solvers.baselines import store_all_schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,7 +18,6 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
-from frontends.eager_runtime.apply import apply_checkpointing
 from frontends.eager_runtime.eager_checkpoint import (
     RegionPolicy,
     SplitPolicy,
@@ -33,7 +32,8 @@ from frontends.eager_runtime.eager_checkpoint import (
 from frontends.eager_runtime.eager_split import EagerSplitError
 from frontends.split.mlp_split import MlpSplitError
 from frontends.split.row_split import RowSplitError
-from optimizer.app.cli import main
+from optimizer.checkpointing import apply_checkpointing
+from optimizer.cli import main
 from solvers.base import InfeasibleBudgetError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,11 +14,11 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from frontends.capture.step import capture
-from frontends.compile.compile_backend import remat_backend
 from frontends.graph_runtime.remat_module import InputMismatchError
 from frontends.graph_runtime.rng_replay import replay
 from frontends.measure.step import measure_step
 from optimizer import optimize, plan_only
+from optimizer.compile import remat_backend
 from solvers.base import SolverOptions
 from solvers.checkmate.min_budget import smallest_feasible_budget
 

@@ -162,7 +162,7 @@ def test_changed_input_dtype_or_a_static_plan_is_a_clear_error():
 def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
     from frontends.capture.costed_capture import capture_with_costs
     from frontends.graph_runtime.remat_module import RematModule
-    from optimizer.planning.planner import plan_graph
+    from solvers.planning.planner import plan_graph
 
     model, inputs = load_example("mlp")
     captured = capture_with_costs(model, inputs, None)

@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from frontends.capture.step import CaptureError, UnreplayableForwardError
-from frontends.compile.compile_backend import remat_backend
 from frontends.guards.forward_guards import python_side_effects_policy
 from frontends.guards.forward_state import plain_attributes
 from optimizer import optimize
-from optimizer.app.cli import EXIT_TRACE, EXIT_VERIFY_FAILED, main
-from optimizer.app.verify import verify
+from optimizer.cli import EXIT_TRACE, EXIT_VERIFY_FAILED, main
+from optimizer.compile import remat_backend
+from optimizer.verify import verify
 
 BUDGET = "85%"
 COMPILE_BUDGET = "90%"

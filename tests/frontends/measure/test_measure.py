@@ -12,7 +12,7 @@ from frontends.capture.model_file import load_model_file
 from frontends.capture.step import capture
 from frontends.graph_runtime.remat_module import RematModule
 from frontends.measure.step import StepMeasurement, measure_step
-from optimizer.planning.planner import plan_graph
+from solvers.planning.planner import plan_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,7 +19,7 @@ from graphs import tiny_chain
 from frontends.capture.step import CapturedStep, capture
 from frontends.measure.profile import clear_memory_cache, profile_step, profiled_graph
 from frontends.measure.step import measure_step
-from optimizer.ir.costs_update import with_costs
+from solvers.ir.costs_update import with_costs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -16,11 +16,11 @@ from frontends.graph_runtime.remat_module import RematModule
 from frontends.split.mlp_split import split_mlps
 from frontends.split.row_split import RowSplitError, split_rows
 from optimizer import optimize
-from optimizer.ir.simulator import simulate
-from optimizer.planning.planner import plan_graph
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound, smallest_feasible_budget
+from solvers.ir.simulator import simulate
+from solvers.planning.planner import plan_graph
 from tests.e2e_helpers import clone, load_example, max_relative_error
 
 TOLERANCE = 1e-10

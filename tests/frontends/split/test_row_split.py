@@ -15,10 +15,10 @@ from torch import nn
 from frontends.capture.step import capture
 from frontends.split.row_split import RowSplitError, split_rows
 from optimizer import optimize
-from optimizer.ir.simulator import simulate
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound, smallest_feasible_budget
+from solvers.ir.simulator import simulate
 from tests.e2e_helpers import ROOT, clone, load_example, max_relative_error, train_step
 
 TOLERANCE = 1e-10

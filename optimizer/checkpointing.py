@@ -1,0 +1,196 @@
+"""The eager runtime: remat-opt chooses, ``torch.utils.checkpoint`` runs it, on the user's model.
+
+Why: the graph runtime replaces the model's forward by captured graphs; many users want to keep
+their own ``nn.Module`` (its Python, hooks, ``torch.compile``, FSDP wrapping) and only be told
+where to checkpoint. `apply_checkpointing` captures the step once (for the plan only), plans the
+family `solvers.planning.eager_plan` describes, and changes the model in place: each chosen
+submodule's forward runs under non-reentrant ``checkpoint(..., use_reentrant=False,
+context_fn=...)`` with a selective-checkpoint policy that returns MUST_SAVE for the ops the plan
+keeps and PREFER_RECOMPUTE for the rest. Ops are named as the policy sees them: (overload,
+index of its call within the region). Checkpoint keeps gradients (and dropout, by replaying the
+RNG) right whatever the policy says; a policy that does not line up with the model only moves
+memory, and the wrapper warns once when a region's op counts differ from the plan's.
+The wrappers, and plans as files, are in `frontends.eager_runtime.eager_checkpoint`; the capture
+with MLPs in row chunks in `frontends.eager_runtime.split_capture`. ``split_mlp=m`` runs the
+MLP modules in m row chunks, each under its own checkpoint (`frontends.eager_runtime.eager_split`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import torch
+
+from frontends.eager_runtime.eager_checkpoint import (
+    CheckpointPlan,
+    CheckpointPlanError,
+    RegionPolicy,
+    apply_regions,
+    checkpointed_modules,
+    describe,
+    load_checkpointing,
+    model_signature,
+    remove_checkpointing,
+    save_checkpointing_plan,
+    split_modules,
+)
+from frontends.eager_runtime.eager_ops import (
+    EagerTrace,
+    candidates,
+    capture_for_eager,
+    eager_graph,
+    held_values,
+    region_keys,
+)
+from frontends.eager_runtime.eager_split import with_modules
+from frontends.eager_runtime.split_capture import capture_split, on_cpu
+from frontends.split.row_split import RowSplitError, check_chunks
+from solvers.base import SolverOptions
+from solvers.baselines import store_all_schedule
+from solvers.blocks import find_blocks
+from solvers.ir.budget import Budget
+from solvers.ir.simulator import simulate
+from solvers.planning.eager_plan import (
+    CHUNKED,
+    EagerSolution,
+    chunk_group,
+    fixed_choice_solution,
+    solution_plan,
+    solve_eager,
+    with_holds,
+)
+from solvers.planning.planner import plan_graph
+from solvers.planning.request import PlanRequest, SettingsError
+
+
+def _policies(solution: EagerSolution, graph, trace: EagerTrace,
+              found: list) -> tuple[RegionPolicy, ...]:
+    mappable = {c.path: c.mappable for c in found}
+    regions = []
+    for choice in solution.choices:
+        if choice.option == CHUNKED:  # a split MLP's chunk: its ChunkedForward checkpoints it
+            continue
+        keys = region_keys(graph, choice.path, trace.overloads)
+        save: dict[str, list[int]] = {}
+        for name in choice.saved:
+            if name in keys and name in mappable[choice.path]:
+                op, index = keys[name]
+                save.setdefault(op, []).append(index)
+        regions.append(RegionPolicy(
+            path=choice.path, option=choice.option,
+            save=tuple((op, tuple(sorted(idx))) for op, idx in sorted(save.items())),
+            expected_ops=tuple(sorted(Counter(trace.region_ops(choice.path)).items())),
+            saving_bytes=choice.saving_bytes, extra_flops=choice.extra_flops))
+    return tuple(regions)
+
+
+EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp")
+"""The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's)."""
+
+
+def apply_checkpointing(
+    model: torch.nn.Module,
+    example_inputs: tuple = (),
+    example_kwargs: dict | None = None,
+    *,
+    budget: PlanRequest | Budget | int | str,
+    compare: bool = True,
+    **settings: Any,
+) -> CheckpointPlan:
+    """Plan ``model``'s training step for ``budget`` and checkpoint it in place.
+
+    ``budget`` as in `optimizer.optimize` (bytes, ``"16GB"``, ``"60%"`` of plain autograd's
+    peak, or a whole `PlanRequest`). ``settings``: `EAGER_SETTINGS`, as `optimize` takes them;
+    another raises `SettingsError`. ``solver`` is the eager planner (``auto``; the family is
+    small enough to solve on its Pareto front); ``compare`` also plans per-block checkpointing
+    and the graph runtime at the same budget, for the plan's summary. Returns a
+    `CheckpointPlan` (``runtime == "eager"``). Raises `InfeasibleBudgetError` (nothing applied)
+    when no checkpointing plan fits.
+
+    ``split_mlp=m`` runs every MLP module (linear -> pointwise -> linear, as the graph runtime's
+    ``split_mlp`` finds them, the module's whole forward per-row) in m chunks of the flattened
+    token rows, each chunk under its own checkpoint, unless a checkpointed region around it
+    reruns it (`frontends.eager_runtime.eager_split`); the plan is made with the chunked forward in place.
+    Raises `frontends.eager_runtime.eager_split.EagerSplitError` (an `MlpSplitError`) when no MLP module can be
+    split, naming why (dropout inside, a forward that does more than the chain). ``split`` (the
+    LM head and loss in row chunks) is the graph runtime's (`optimize(..., split=k)`): refused.
+    """
+    if settings.get("solver", "auto") not in ("auto", "eager"):
+        raise ValueError(f"apply_checkpointing plans with solver='auto'; got {settings['solver']!r} (the graph "
+                         "runtime's solvers are for optimize())")
+    settings.pop("solver", None)
+    request = PlanRequest.of(budget, "apply_checkpointing", EAGER_SETTINGS, **settings)
+    if checkpointed_modules(model) or split_modules(model):
+        raise ValueError("the model is already checkpointed: call remove_checkpointing(model) first")
+    if request.split not in (None, 1):
+        raise RowSplitError(f"split={request.split!r}: the eager runtime does not split the LM head and loss "
+                            "(the head and the loss are two calls in the model's forward, not one module); "
+                            "use the graph runtime, optimize(model, inputs, budget, split=k)")
+    mlp_chunks = 1 if request.split_mlp is None else check_chunks(request.split_mlp, "split_mlp")
+    capture_settings = (request.cost_model, request.grad_outputs, request.python_side_effects)
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    captured, trace, labels, splits, notes = capture_split(model, inputs, example_kwargs, mlp_chunks,
+                                                            *capture_settings)
+    planning_budget: Budget | int = request.budget
+    unsplit_peak = None
+    if splits and request.budget.is_percentage:
+        # A percentage stays one of the unsplit step's plain-autograd peak, as in the graph runtime.
+        unsplit = capture_for_eager(model, inputs, example_kwargs, *capture_settings)
+        unsplit_graph = eager_graph(unsplit.graph, unsplit.gm, on_cpu(model, inputs))
+        unsplit_peak = simulate(unsplit_graph, store_all_schedule(unsplit_graph)).peak_bytes
+        planning_budget = request.budget.resolve(unsplit_peak)
+    graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, on_cpu(model, inputs))
+    found = candidates(graph, trace, model)
+    base_graph = graph
+    graph = with_holds(graph, held_values(graph, trace, found))
+    solution = solve_eager(graph, found, planning_budget, time_limit_s=request.time_limit, chunked=labels.chunks)
+    plan = solution_plan(solution, graph, graph_nodes=len(captured.gm.graph.nodes))
+    if captured.notes or notes:
+        plan = dataclasses.replace(plan, message="; ".join((plan.message, *notes, *captured.notes)))
+    regions = _policies(solution, graph, trace, found)
+    checkpointed = {chunk_group(c.path).removesuffix(".<chunks>") for c in solution.choices if c.option == CHUNKED}
+    splits = tuple(dataclasses.replace(sp, checkpoint=sp.path in checkpointed) for sp in splits)
+    summary: dict[str, Any] = {
+        "budget_bytes": plan.budget_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
+        "store_all_peak_bytes": plan.store_all_peak_bytes, "extra_flops": plan.extra_flops,
+        "extra_time_s": plan.extra_time_s, "step_flops": plan.step_flops,
+        "status": plan.status, "bound": plan.bound, "gap": plan.gap}
+    if splits:
+        summary["split_mlp"] = mlp_chunks
+    if unsplit_peak is not None:
+        summary["unsplit_store_all_peak_bytes"] = unsplit_peak
+    if compare:
+        summary.update(_comparisons(graph, base_graph, found, plan.budget_bytes, request.time_limit, labels.chunks))
+    apply_regions(model, regions, splits)
+    return CheckpointPlan(regions=regions, model_signature=model_signature(model),
+                          model_class=type(model).__name__, plan=plan,
+                          summary=tuple(summary.items()), splits=splits)
+
+
+def _comparisons(graph, base_graph, found, budget: int, time_limit: float,
+                 chunked: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Per-block checkpointing (checkpoint every repeated block, save nothing) and the graph
+    runtime's plan at the same budget, for the summary."""
+    out: dict[str, Any] = {}
+    blocks = [b.path for b in find_blocks(graph)]
+    per_block = fixed_choice_solution(graph, found, blocks, "none", chunked) if blocks else None
+    if per_block is not None:
+        out["per_block_extra_flops"] = per_block.extra_flops
+        out["per_block_extra_time_s"] = per_block.extra_cost
+        out["per_block_peak_bytes"] = per_block.simulation.peak_bytes
+    try:
+        graph_plan = plan_graph(base_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)))
+        out["graph_runtime_extra_flops"] = graph_plan.extra_flops
+        out["graph_runtime_extra_time_s"] = graph_plan.extra_time_s
+        out["graph_runtime_peak_bytes"] = graph_plan.predicted_peak_bytes
+    except Exception as exc:  # the comparison must not stop the plan (infeasible, solver missing)
+        out["graph_runtime_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return out
+
+
+__all__ = ["apply_checkpointing", "EAGER_SETTINGS", "SettingsError", "remove_checkpointing", "load_checkpointing",
+           "save_checkpointing_plan", "CheckpointPlan", "CheckpointPlanError", "RegionPolicy",
+           "checkpointed_modules", "describe"]
+

@@ -1,0 +1,260 @@
+"""Offline what-if: capture once on the meta device, then sweep budgets, find the largest batch,
+draw the timeline, and gather it all into one `WhatIfReport`.
+
+Before a run users ask "what fits, at what cost?" and "which GPU should I rent?". Answering
+needs no hardware: the step is captured with meta tensors (`frontends.capture.meta_capture.MetaCapturer`,
+optionally cast to another dtype), costed with a roofline for the chosen device, and every
+strategy's schedule is simulated. This module only orchestrates; the work is in
+`solvers.planning.sweep`, `solvers.planning.batch_search`, `solvers.ir.timeline`, `optimizer.plots` and
+`frontends.compile.torch_partitioner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import Callable
+
+from frontends.capture.meta_capture import MetaCapturer
+from frontends.compile.torch_partitioner import partition_schedules
+from optimizer.report import GraphFacts, WhatIfReport, WhatIfSettings
+from solvers.base import SolverOptions
+from solvers.baselines import store_all_schedule
+from solvers.checkmate.min_budget import peak_lower_bound
+from solvers.ir.allocator import AllocatorModel
+from solvers.ir.budget import Budget, resolve_budget
+from solvers.ir.timeline import memory_timeline
+from solvers.planning.batch_scaling import ScalingMismatch
+from solvers.planning.batch_search import (
+    DEFAULT_LIMIT,
+    StrategyUnavailable,
+    WhatIfError,
+    cheap_fit,
+    classic_floor,
+    find_max_batches,
+    lower_bound_ceiling,
+)
+from solvers.planning.planner import SEARCHING_SOLVERS, store_all_peak_bytes
+from solvers.planning.sweep import (
+    ALL_STRATEGIES,
+    REMAT_OPT,
+    TORCH_STRATEGY,
+    ExternalSchedule,
+    Status,
+    SweepResult,
+    run_sweep,
+)
+
+Progress = Callable[[str], None]
+
+SLOWEST_SEARCHES = {TORCH_STRATEGY: 3, "greedy": 2, REMAT_OPT: 2, "chain-dp": 1}
+"""Which largest-batch searches to hand out first to parallel workers (torch runs its partitioner
+at every batch it confirms; greedy and the exact solver solve at each probe)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIfRequest:
+    """What to compute. Budgets are bytes, sizes or percentages of store-all's peak."""
+
+    model_name: str
+    budget: Budget | str | int | None = None
+    """The budget of the plan, the timeline and the largest-batch search."""
+    sweep: tuple[str | int, ...] = ()
+    max_batch: bool = False
+    strategies: tuple[str, ...] = ALL_STRATEGIES
+    solver: str = "auto"
+    """The solver behind the ``remat-opt`` strategy."""
+    options: SolverOptions = SolverOptions()
+    cost_model: str = "flops"
+    allocator: AllocatorModel | None = None
+    device: str | None = None
+    dtype: str | None = None
+    batch_dim: int | None = None
+    batch_limit: int = DEFAULT_LIMIT
+    torch_fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    plots: bool = True
+    bounds: bool = True
+    """Answer largest-batch probes from cheap bounds where they settle them (`cheap_fit`), and
+    predict each batch's graph from a fit checked by captures (`MetaCapturer.fit_scaling`)."""
+    jobs: int = 1
+    """Workers for the independent searches and solves (`solvers.planning.parallel`)."""
+
+
+def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | None = None) -> WhatIfReport:
+    """Compute every part of the report ``request`` asks for (captures never allocate)."""
+    tick = progress or (lambda _: None)
+    allocator = request.allocator or AllocatorModel(block_bytes=1)
+    capturer = MetaCapturer(model, inputs, batch_dim=request.batch_dim, dtype=request.dtype,
+                            cost_model=request.cost_model)
+    captured = capturer.at()
+    tick("captured the training step")
+    graph = captured.graph
+    store_all_peak = store_all_peak_bytes(graph, allocator)
+    budget_bytes = None if request.budget is None else resolve_budget(request.budget, store_all_peak)
+    settings = WhatIfSettings(
+        model=request.model_name, cost_model=graph.cost_model, solver=request.solver,
+        time_limit_s=request.options.time_limit_s, device=request.device, dtype=request.dtype,
+        allocator=allocator.describe(), budget_bytes=budget_bytes,
+    )
+    facts = GraphFacts(
+        nodes=len(captured.gm.graph.nodes), values=len(graph.ops), store_all_peak_bytes=store_all_peak,
+        step_time_s=graph.base_cost, step_flops=graph.base_flops, parameters_bytes=graph.parameter_bytes,
+        gradients_bytes=graph.gradient_bytes, inputs_bytes=graph.input_bytes,
+    )
+
+    def sweep_at(step, budgets) -> SweepResult:
+        def externals():  # torch's partitioner runs in this process while the workers solve
+            return _torch_points(step, request.torch_fractions)
+
+        return run_sweep(step.graph, budgets, strategies=request.strategies, solver=request.solver,
+                         options=request.options, allocator=allocator, externals=externals, progress=tick,
+                         jobs=request.jobs)
+
+    sweep = sweep_at(captured, request.sweep) if request.sweep else None
+    timeline_sweep = sweep
+    if budget_bytes is not None:  # the plan at --budget, unless it recomputes nothing
+        at_budget = run_sweep(graph, [budget_bytes], strategies=(REMAT_OPT,), solver=request.solver,
+                              options=request.options, allocator=allocator, progress=tick)
+        if sweep is None or any(p.extra_time_s for p in at_budget.curve(REMAT_OPT)):
+            timeline_sweep = at_budget
+    timelines = _timelines(allocator.apply(graph), timeline_sweep, request.solver, store_all_peak)
+
+    max_batch = None
+    if request.max_batch:
+        if budget_bytes is None:
+            raise WhatIfError("the largest-batch search needs a budget: give --budget (or --device)")
+
+        def decide(step, strategy: str, budget: int):
+            if strategy == TORCH_STRATEGY:
+                return None
+            searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
+            return cheap_fit(step.graph, budget, allocator, searching, request.options)
+
+        def evaluate(step, strategy: str, budget: int):
+            externals = torch_partitions(step.batch) if strategy == TORCH_STRATEGY else ()
+            result = run_sweep(step.graph, [budget], strategies=(strategy,), solver=request.solver,
+                               options=request.options, allocator=allocator, externals=externals)
+            unusable = [p for p in result.points if p.status in (Status.NOT_APPLICABLE, Status.FAILED)]
+            if unusable and len(unusable) == len(result.points):
+                raise StrategyUnavailable(unusable[0].message)
+            return result.best_at(strategy, budget)
+
+        partitions: dict[int, tuple[ExternalSchedule, ...]] = {}
+        latest: list[int] = []
+
+        def torch_partitions(batch: int) -> tuple[ExternalSchedule, ...]:
+            if batch not in partitions:
+                partitions[batch] = _torch_points(capturer.at(batch), request.torch_fractions)
+            latest[:] = [batch]
+            return partitions[batch]
+
+        def torch_stand_in(step, strategy: str, budget: int):
+            """torch's partitions of the last batch it ran at (the example's at first), judged on
+            this batch's graph: the search re-centres and confirms it with torch itself."""
+            externals = partitions[latest[0]] if latest else torch_partitions(capturer.base_batch)
+            result = run_sweep(step.graph, [budget], strategies=(strategy,), options=request.options,
+                               allocator=allocator, externals=externals)
+            return result.best_at(strategy, budget)
+
+        ceiling = (_scaled_ceiling(capturer, budget_bytes, allocator, request.batch_limit, tick)
+                   if request.bounds else None)
+        near = {}
+        if ceiling is not None and request.solver in SEARCHING_SOLVERS:
+            near[REMAT_OPT] = classic_floor(capturer.graph_at, budget_bytes, allocator, request.batch_limit,
+                                            start=ceiling - 1, high=ceiling) or 1
+        max_batch = find_max_batches(
+            capturer, budget_bytes, request.strategies, evaluate, limit=request.batch_limit, progress=tick,
+            decide=decide if request.bounds else None, ceiling=ceiling,
+            approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
+            if capturer.scaling is not None else None,
+            near=near, jobs=request.jobs, slowest_first=SLOWEST_SEARCHES, in_parent=(TORCH_STRATEGY,),
+        )
+    report = WhatIfReport(settings, facts, sweep, max_batch, timelines)
+    return replace(report, plots=_plots(report)) if request.plots else report
+
+
+def _scaled_ceiling(capturer: MetaCapturer, budget_bytes: int, allocator: AllocatorModel, limit: int,
+                    tick: Progress) -> int | None:
+    """The batch no schedule fits, from the fitted graphs (`MetaCapturer.fit_scaling`), with the
+    fit checked by a capture at that batch; None (and every batch captured) where the fit fails.
+
+    The lower bound is searched on the fit's extrapolation, the fit is checked at the ceiling it
+    finds, and the bound is confirmed on both sides of it on graphs the check covers."""
+    if not capturer.fit_scaling():
+        return None
+    try:
+        guess = lower_bound_ceiling(capturer.predicted_at, budget_bytes, allocator, limit, start=capturer.base_batch)
+    except ScalingMismatch as err:  # the extrapolation left whole numbers: the fit cannot be right
+        tick(f"sizes are not affine in the batch ({err}): every batch is captured")
+        capturer.scaling = None
+        return None
+    if not capturer.check_scaling(min(guess or limit, limit)):
+        tick(capturer.scaling_note)
+        return None
+    tick(f"sizes fitted over the batch and checked up to batch {capturer.scaling.checked[1]}")
+    if guess is None or guess <= 1:
+        return guess
+    room = allocator.solver_budget(budget_bytes)
+    below, at = (peak_lower_bound(allocator.apply(capturer.graph_at(b))) for b in (guess - 1, guess))
+    return guess if below <= room < at else None
+
+
+def _torch_points(step, fractions: tuple[float, ...]) -> tuple[ExternalSchedule, ...]:
+    return tuple(ExternalSchedule(TORCH_STRATEGY, p.label, p.schedule, p.message)
+                 for p in partition_schedules(step, fractions))
+
+
+def _timelines(graph, sweep: SweepResult | None, solver: str, store_all_peak: int):
+    """Store-all and remat-opt's leanest plan of ``sweep`` (the plan at --budget when it recomputes)."""
+    lines = [memory_timeline(graph, store_all_schedule(graph), "store-all")]
+    if sweep is None:
+        return tuple(lines)
+    ours = sweep.curve(REMAT_OPT)
+    if ours and ours[0].schedule is not None and ours[0].extra_time_s > 0:
+        plan = ours[0]
+        label = f"remat-opt ({solver}) at {100 * plan.budget_bytes / store_all_peak:.0f}%"
+        lines.append(memory_timeline(graph, plan.schedule, label, budget_bytes=plan.budget_bytes))
+    return tuple(lines)
+
+
+def _plots(report: WhatIfReport) -> dict[str, bytes]:
+    from optimizer import plots  # heavy: matplotlib, needed only when plots are asked for
+
+    out: dict[str, bytes] = {}
+    if report.sweep is not None:
+        out["pareto"] = plots.pareto_png(report.sweep)
+    if report.timelines:
+        out["timeline"] = plots.timeline_png(report.timelines)
+    if report.max_batch is not None:
+        out["max_batch"] = plots.max_batch_png(report.max_batch)
+    return out
+
+
+def parse_strategies(text: str | None) -> tuple[str, ...]:
+    """``--strategies``: a comma list of `ALL_STRATEGIES` (None or empty: all of them)."""
+    if not text:
+        return ALL_STRATEGIES
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in ALL_STRATEGIES]
+    if unknown or not names:
+        raise WhatIfError(f"unknown strategies {', '.join(unknown) or '(none given)'}: choose from "
+                          f"{', '.join(ALL_STRATEGIES)}")
+    return names
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """``--torch-budgets``: START:STOP:STEP (``0:1:0.1``) or a comma list, each within [0, 1]."""
+    try:
+        if ":" in text:
+            start, stop, step = (Decimal(p) for p in text.split(":"))
+            if not step > 0 or stop < start:
+                raise InvalidOperation
+            values = [start + i * step for i in range(int((stop - start) / step) + 1)]
+        else:
+            values = [Decimal(p) for p in text.split(",") if p.strip()]
+    except (InvalidOperation, ValueError):
+        raise WhatIfError(f"--torch-budgets {text!r}: use START:STOP:STEP (0:1:0.1) or a comma list "
+                          "(0,0.5,1)") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise WhatIfError(f"--torch-budgets {text!r}: torch's activation_memory_budget is within [0, 1]")
+    return tuple(float(v) for v in values)

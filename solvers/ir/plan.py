@@ -1,0 +1,94 @@
+"""The plan: what remat-opt decided for one training step, and what it predicts.
+
+`Plan` is frozen and documented field by field; the CLI's ``--json`` writes the same names.
+All byte figures are peak memory of one training step, resident parameters and inputs included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from solvers.ir.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class BudgetBreakdown:
+    """How the budget splits: what is fixed by the model, and what is left for activations."""
+
+    budget_bytes: int
+    parameters_bytes: int
+    """Parameters and buffers."""
+    gradients_bytes: int
+    """Parameter gradients produced by backward."""
+    inputs_bytes: int
+    """User inputs (held by the caller for the whole step)."""
+    activations_bytes: int
+    """What remains of the budget for activations (and output gradients): may be negative."""
+
+
+@dataclass(frozen=True)
+class ModuleSummary:
+    """Per module: bytes forward saves for backward, and what backward recomputes."""
+
+    module: str
+    saved_bytes: int
+    store_all_saved_bytes: int
+    recomputed_ops: int
+    recomputed_flops: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A rematerialization plan, checked by the simulator."""
+
+    status: str
+    """Solver status: optimal, feasible (time limit, gap > 0), heuristic (classic schedule)."""
+    solver: str
+    cost_model: str
+    budget_bytes: int
+    predicted_peak_bytes: int
+    """Simulated peak of the plan's schedule."""
+    store_all_peak_bytes: int
+    """Simulated peak of plain autograd (store-all) on the same graph."""
+    extra_flops: float
+    """FLOPs spent on recomputation."""
+    extra_time_s: float
+    """Seconds spent on recomputation under the cost model."""
+    step_flops: float
+    """FLOPs of one plain training step (for percentages)."""
+    step_time_s: float
+    objective: float | None
+    """Total compute time of the step under the cost model (seconds)."""
+    bound: float | None
+    """Proven lower bound on the optimal objective (None when no bound is proven)."""
+    gap: float | None
+    """(objective - bound) / objective; 0 when optimal, None without a bound."""
+    solve_time_s: float
+    breakdown: BudgetBreakdown
+    graph_nodes: int
+    """Nodes of the captured joint graph (aten ops, views and placeholders)."""
+    graph_values: int
+    """Values (storages) the solver schedules."""
+    saved: tuple[str, ...]
+    """Values forward keeps for backward."""
+    recomputed: tuple[tuple[str, int], ...]
+    """(value, times computed) for every value computed more than once."""
+    modules: tuple[ModuleSummary, ...]
+    message: str = ""
+    allocator: str = "none"
+    """Allocator model included in the byte figures (block rounding, reserve, margin)."""
+    schedule: Schedule | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def extra_percent(self) -> float:
+        """Extra compute as a percentage of a plain step under the cost model."""
+        return 100.0 * self.extra_time_s / self.step_time_s if self.step_time_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("schedule")
+        data["recomputed"] = [list(item) for item in self.recomputed]
+        data["saved"] = list(self.saved)
+        data["extra_percent"] = self.extra_percent
+        return data

@@ -1,0 +1,42 @@
+"""The text report of one `Plan` (the CLI's output; also the meta-device planner's report)."""
+
+from __future__ import annotations
+
+from solvers.ir.budget import format_bytes
+from solvers.ir.plan import Plan
+
+
+def format_plan(plan: Plan, model_path: str) -> str:
+    """The plan as the CLI prints it: the budget's breakdown, the peak, the extra compute, the
+    solver's verdict and what each module saves and recomputes."""
+    b = plan.breakdown
+    pct = f"{plan.extra_percent:.1f}% of a step"
+    gap = "n/a (no bound)" if plan.gap is None else f"{100 * plan.gap:.2f}%"
+    lines = [
+        f"remat-opt plan for {model_path}",
+        f"  graph              {plan.graph_nodes} joint-graph nodes, {plan.graph_values} scheduled values",
+        f"  store-all peak     {format_bytes(plan.store_all_peak_bytes)}",
+        f"  budget             {format_bytes(plan.budget_bytes)}",
+        f"    parameters       {format_bytes(b.parameters_bytes)}",
+        f"    gradients        {format_bytes(b.gradients_bytes)}",
+        f"    inputs           {format_bytes(b.inputs_bytes)}",
+        f"    activations      {format_bytes(b.activations_bytes)} left for activations",
+        f"  planned peak       {format_bytes(plan.predicted_peak_bytes)}"
+        f" ({100 * plan.predicted_peak_bytes / plan.store_all_peak_bytes:.0f}% of store-all)",
+        f"  extra compute      {plan.extra_flops:.3g} FLOPs, {plan.extra_time_s:.3g} s"
+        f" ({pct}; cost model {plan.cost_model})",
+        f"  solver             {plan.solver}: {plan.status}, gap {gap}, {plan.solve_time_s:.2f} s",
+    ]
+    if plan.allocator != "none":
+        lines.append(f"  allocator          {plan.allocator} (included in the peaks above)")
+    if plan.message:
+        lines.append(f"  note               {plan.message}")
+    lines.append("  per module         saved (store-all -> plan)      recomputed ops")
+    for m in plan.modules:
+        if not (m.saved_bytes or m.store_all_saved_bytes or m.recomputed_ops):
+            continue
+        lines.append(
+            f"    {m.module:<20.20} {format_bytes(m.store_all_saved_bytes):>10} -> {format_bytes(m.saved_bytes):<10}"
+            f"  {m.recomputed_ops}"
+        )
+    return "\n".join(lines)

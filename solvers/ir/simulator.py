@@ -1,0 +1,370 @@
+"""The simulator: the single source of truth for a schedule's validity, peak memory and cost.
+
+Memory model (what the rewritten module does when it runs):
+- parameters, buffers, lifted constants (all `NodeKind.PARAMETER`) and user inputs are
+  resident for the whole step: live before the first step, never freed or computed;
+- computing an op allocates all its outputs (siblings) plus its unused outputs (temp bytes)
+  while its inputs are still live; the unused outputs are dropped right after;
+- output gradients (tangents) arrive when backward starts;
+- a value stays live until its free step.
+Random ops run once, in order; one that replays a saved generator state (`Node.replays_rng`)
+may be recomputed, but its first run (the one that draws) is in forward, in that order.
+Every solver's schedule is simulated before it is used or reported.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from solvers.ir.derived import per_graph
+from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.schedule import Schedule, StepKind
+
+
+class InvalidScheduleError(ValueError):
+    """The schedule cannot run: it reads a dead value, misses an output, or breaks a rule."""
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What one schedule costs. Bytes include resident parameters and inputs."""
+
+    peak_bytes: int
+    peak_step: int
+    """Index into ``schedule.steps`` where the peak occurs (-1: at the boundary)."""
+    peak_phase: Phase
+    peak_node: str
+    """The value being allocated at the peak ('' when the peak is the tangents' arrival)."""
+    boundary_bytes: int
+    """Live bytes when forward ends (resident + outputs + what forward saves)."""
+    saved: tuple[str, ...]
+    """Values forward leaves live for backward (not resident, not user outputs)."""
+    total_cost: float
+    extra_cost: float
+    total_flops: float
+    extra_flops: float
+    recomputed: tuple[tuple[str, int], ...]
+    """(value, times computed) for every value computed more than once."""
+    live_curve: tuple[int, ...]
+    """Live bytes after each step (same length as ``schedule.steps``)."""
+
+
+StepObserver = Callable[[int, int, "set[str]", int], None]
+"""``observe(index, live_bytes, live, width)``: called at the boundary (``index`` = the first
+backward step, ``width`` 0, after the tangents arrive), after each free (``width`` 1, bytes left)
+and during each compute (``width`` = its siblings, bytes while it runs, temporaries included).
+``live`` is the simulator's own set: read it, do not keep or change it."""
+
+
+class _SimulatorTables:
+    """Per-graph lookups for `simulate` (built once per graph, see `per_graph`): the same
+    facts the rules read off the graph's nodes, as sets and dicts instead of properties."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.nodes = {n.name: n for n in graph.nodes}
+        self.resident = frozenset(
+            n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT))
+        self.ops = frozenset(n.name for n in graph.ops)
+        self.backward_ops = frozenset(n.name for n in graph.ops if n.phase is Phase.BACKWARD)
+        self.compute_once = frozenset(n.name for n in graph.ops if n.compute_once)
+        self.replays_rng = frozenset(n.name for n in graph.ops if n.replays_rng)
+        self.user_outputs = frozenset(graph.user_outputs)
+        self.members = {n.name: graph.group_of(n.name) for n in graph.ops}
+        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
+        self.saveable = tuple(n.name for n in graph.ops if n.name not in self.user_outputs)
+        """Ops in graph order that forward may leave live for backward (`SimulationResult.saved`)."""
+        self.tangents = tuple((t, graph[t].bytes) for t in graph.tangents)
+        self.run_once_rules = tuple((n.name, n.compute_once, n.replays_rng) for n in graph.ops
+                                    if n.compute_once or n.replays_rng)
+        self.unfreeable = self.resident | self.user_outputs
+        self.plain = {
+            n.name: (n.bytes, n.inputs, n.temp_bytes, n.cost, n.flops, n.phase is Phase.BACKWARD)
+            for n in graph.ops if len(self.members[n.name]) == 1 and not n.compute_once
+            and not n.replays_rng
+        }
+        """Ops with no sibling that may run any number of times, the most common compute step:
+        for them the sibling and run-once rules hold by construction (one member, no count to
+        keep), so `simulate` checks only the phase, the inputs and liveness."""
+        self.plain_groups = {
+            members[0]: (members, tuple(graph[m].bytes for m in members), first.inputs, first.temp_bytes,
+                         first.cost, first.flops, first.phase is Phase.BACKWARD)
+            for members in graph.groups.values() if len(members) > 1
+            for first in (graph[members[0]],) if not first.compute_once and not first.replays_rng
+        }
+        """The same for an op with siblings, by its first member (the one a compute step names; its
+        flags are the op's): the sibling rule is checked, the run-once rules hold by construction."""
+        self.freeable = {n.name: n.bytes for n in graph.nodes if n.name not in self.unfreeable}
+        """Values a free step may drop (not resident, not held by the caller): only liveness to check."""
+
+
+class _Simulated:
+    """Per-graph results of `simulate`, by schedule identity (see `per_graph`): a graph and a
+    schedule are frozen, so a schedule's result never changes. Solvers, ``hierarchical`` and the
+    planner each check the same schedules (store-all several times per plan): on a 10,000-step
+    loop every walk takes seconds. Entries leave with their schedule."""
+
+    def __init__(self, graph: RematGraph) -> None:
+        self.results: dict[int, tuple[weakref.ref, SimulationResult]] = {}
+
+    def get(self, schedule: Schedule) -> SimulationResult | None:
+        entry = self.results.get(id(schedule))
+        return entry[1] if entry is not None and entry[0]() is schedule else None
+
+    def put(self, schedule: Schedule, result: SimulationResult) -> None:
+        key = id(schedule)
+
+        def forget(ref: weakref.ref, key: int = key, results=self.results) -> None:
+            if results.get(key, (None,))[0] is ref:
+                del results[key]
+
+        self.results[key] = (weakref.ref(schedule, forget), result)
+
+
+def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None = None) -> SimulationResult:
+    """Walk the schedule (`_walk`, see there); without ``observe`` a schedule already simulated
+    on this graph returns its result again (`_Simulated`)."""
+    if observe is not None:
+        return _walk(graph, schedule, observe)
+    memo = per_graph(graph, _Simulated)
+    found = memo.get(schedule)
+    if found is None:
+        found = _walk(graph, schedule, None)
+        memo.put(schedule, found)
+    return found
+
+
+def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -> SimulationResult:
+    """Walk the schedule; raise InvalidScheduleError on the first rule it breaks.
+
+    ``observe`` sees the live bytes and values at every step (`solvers.ir.timeline` draws the
+    curve with it), so nothing else has to re-walk a schedule to know what is live when.
+
+    Solvers simulate hundreds of candidates per graph: the common steps (a free, an op that may
+    run any number of times) take fast paths from per-graph tables that check the rules which can
+    fail for them, in the same order and with the same messages, and skip only those that hold by
+    construction; tests/solvers/ir/test_fast_paths.py holds them to the straightforward walk."""
+    tables = per_graph(graph, _SimulatorTables)
+    nodes = tables.nodes
+    ops, backward_ops, user_outputs = tables.ops, tables.backward_ops, tables.user_outputs
+    compute_once, replays_rng = tables.compute_once, tables.replays_rng
+    members_of, position = tables.members, tables.position
+    plain, plain_groups = tables.plain, tables.plain_groups
+    freeable, unfreeable = tables.freeable, tables.unfreeable
+    live: set[str] = set(tables.resident)
+    live_bytes = graph.resident_bytes
+    peak, peak_step, peak_phase, peak_node = live_bytes, -1, Phase.FORWARD, ""
+    counts: dict[str, int] = {}  # computations of each value, but the plain ops'
+    plain_computes: list[str] = []  # the plain ops computed, in order (counted at the end)
+    total_cost = total_flops = 0.0
+    curve: list[int] = []
+    boundary_bytes = 0
+    saved: tuple[str, ...] = ()
+    steps = schedule.steps
+    n_steps = len(steps)
+    n_forward = len(schedule.forward)
+    last_once = -1
+    FREE, COMPUTE, FORWARD, BACKWARD = StepKind.FREE, StepKind.COMPUTE, Phase.FORWARD, Phase.BACKWARD
+
+    def fail(index: int, message: str) -> None:
+        phase = "forward" if index < n_forward else "backward"
+        raise InvalidScheduleError(f"{phase} step {index} ({steps[index]}): {message}")
+
+    i = 0
+    while True:  # the forward steps, the boundary, the backward steps
+        if i == n_forward:  # the boundary: forward outputs must exist, tangents arrive
+            missing = [o for o in graph.forward_outputs if o not in live]
+            if missing:
+                raise InvalidScheduleError(f"forward ends without outputs {missing[:5]}")
+            boundary_bytes = live_bytes
+            saved = tuple(name for name in tables.saveable if name in live)
+            for t, nbytes in tables.tangents:
+                live.add(t)
+                live_bytes += nbytes
+            if live_bytes > peak:
+                peak, peak_step, peak_phase, peak_node = live_bytes, -1, BACKWARD, ""
+            if observe is not None:
+                observe(i, live_bytes, live, 0)
+        if i == n_steps:
+            break
+        # The steps up to the boundary, then those after it. A run of siblings that straddles
+        # the boundary jumps over it, as in a single walk: the boundary is then never reached.
+        in_forward = i < n_forward
+        phase = FORWARD if in_forward else BACKWARD
+        end = n_forward if in_forward else n_steps
+        while i < end:
+            step = steps[i]
+            name = step.node
+            kind = step.kind
+            if kind is COMPUTE and (info := plain.get(name)) is not None:  # every rule below, for a plain op
+                nbytes, inputs, temp_bytes, cost, flops, backward_op = info
+                if in_forward and backward_op:
+                    fail(i, "backward op scheduled in forward")
+                for inp in inputs:
+                    if inp not in live:
+                        fail(i, f"input {inp!r} is not live")
+                if name in live:
+                    if name not in user_outputs:
+                        fail(i, f"{name!r} is computed again while still live")
+                    allocated, throwaway = 0, nbytes
+                else:
+                    allocated, throwaway = nbytes, 0
+                during = live_bytes + allocated + throwaway + temp_bytes
+                if during > peak:
+                    peak, peak_step, peak_phase, peak_node = during, i, phase, name
+                live.add(name)
+                plain_computes.append(name)
+                live_bytes += allocated
+                total_cost += cost
+                total_flops += flops
+                curve.append(live_bytes)
+                if observe is not None:
+                    observe(i, during, live, 1)
+                i += 1
+                continue
+            if kind is COMPUTE and (group := plain_groups.get(name)) is not None:  # the same, for siblings
+                members, sizes, inputs, temp_bytes, cost, flops, backward_op = group
+                width = len(members)
+                run = steps[i : i + width]
+                if len(run) != width:
+                    fail(i, f"siblings {list(members)} must be computed in consecutive steps")
+                for s, m in zip(run, members):
+                    if s.kind is not COMPUTE or s.node != m:
+                        fail(i, f"siblings {list(members)} must be computed in consecutive steps")
+                if in_forward and backward_op:
+                    fail(i, "backward op scheduled in forward")
+                for inp in inputs:
+                    if inp not in live:
+                        fail(i, f"input {inp!r} is not live")
+                throwaway = allocated = 0
+                for m, nbytes in zip(members, sizes):
+                    if m in live:
+                        if m not in user_outputs:
+                            fail(i, f"{m!r} is computed again while still live")
+                        throwaway += nbytes
+                    else:
+                        allocated += nbytes
+                during = live_bytes + allocated + throwaway + temp_bytes
+                if during > peak:
+                    peak, peak_step, peak_phase, peak_node = during, i, phase, name
+                for m in members:
+                    live.add(m)
+                    counts[m] = counts.get(m, 0) + 1
+                live_bytes += allocated
+                total_cost += cost
+                total_flops += flops
+                curve.extend([live_bytes] * width)
+                if observe is not None:
+                    observe(i, during, live, width)
+                i += width
+                continue
+            if kind is FREE and (nbytes := freeable.get(name)) is not None:  # the same, for a free
+                if name not in live:
+                    fail(i, "frees a value that is not live")
+                live.discard(name)
+                live_bytes -= nbytes
+                curve.append(live_bytes)
+                if observe is not None:
+                    observe(i, live_bytes, live, 1)
+                i += 1
+                continue
+            node = nodes.get(name)
+            if node is None:
+                fail(i, "unknown value")
+            if kind is FREE:
+                if name not in live:
+                    fail(i, "frees a value that is not live")
+                if name in unfreeable:
+                    if name in tables.resident:
+                        fail(i, "parameters and inputs are resident and cannot be freed")
+                    fail(i, "user outputs are held by the caller and cannot be freed")
+                live.discard(name)
+                live_bytes -= node.bytes
+                curve.append(live_bytes)
+                if observe is not None:
+                    observe(i, live_bytes, live, 1)
+                i += 1
+                continue
+            # A compute step runs the whole op: all siblings must follow, in order.
+            if name not in ops:
+                fail(i, f"{node.kind.value} values are given, not computed")
+            members = members_of[name]
+            if name != members[0]:
+                fail(i, f"siblings of {node.group!r} must be computed together, first {members[0]!r}")
+            width = len(members)
+            if width == 1:  # the run is this step alone, and it names its op's only member
+                if kind is not COMPUTE:
+                    fail(i, f"siblings {list(members)} must be computed in consecutive steps")
+            else:  # each of the next ``width`` steps computes the next member
+                run = steps[i : i + width]
+                if len(run) != width:
+                    fail(i, f"siblings {list(members)} must be computed in consecutive steps")
+                for s, m in zip(run, members):
+                    if s.kind is not COMPUTE or s.node != m:
+                        fail(i, f"siblings {list(members)} must be computed in consecutive steps")
+            if in_forward and name in backward_ops:
+                fail(i, "backward op scheduled in forward")
+            if name in compute_once:
+                if counts.get(name) or phase is not node.phase:
+                    fail(i, "random or mutating op must run exactly once, in its own phase")
+                if position[name] < last_once:
+                    fail(i, "random or mutating ops must keep their original order")
+                last_once = position[name]
+            elif name in replays_rng and not counts.get(name):  # the run that draws from the stream
+                if phase is not FORWARD or position[name] < last_once:
+                    fail(i, "a replayable random op must first run in forward, in the original order "
+                            "of the random and mutating ops")
+                last_once = position[name]
+            for inp in node.inputs:
+                if inp not in live:
+                    fail(i, f"input {inp!r} is not live")
+            throwaway = 0  # a user output recomputed with its siblings: the copy is dropped at once
+            allocated = 0
+            for m in members:
+                if m in live:
+                    if m not in user_outputs:
+                        fail(i, f"{m!r} is computed again while still live")
+                    throwaway += nodes[m].bytes
+                else:
+                    allocated += nodes[m].bytes
+            during = live_bytes + allocated + throwaway + node.temp_bytes
+            if during > peak:
+                peak, peak_step, peak_phase, peak_node = during, i, phase, name
+            for m in members:
+                live.add(m)
+                counts[m] = counts.get(m, 0) + 1
+            live_bytes += allocated
+            total_cost += node.cost
+            total_flops += node.flops
+            if width == 1:
+                curve.append(live_bytes)
+            else:
+                curve.extend([live_bytes] * width)
+            if observe is not None:
+                observe(i, during, live, width)
+            i += width
+
+    missing = [o for o in (*graph.backward_outputs, *graph.user_outputs) if o not in live]
+    if missing:
+        raise InvalidScheduleError(f"backward ends without outputs {missing[:5]}")
+    never = [name for name, once, replays in tables.run_once_rules
+             if (once and counts.get(name, 0) != 1) or (replays and not counts.get(name, 0))]
+    if never:
+        raise InvalidScheduleError(f"random or mutating ops not run exactly once: {never[:5]}")
+    return SimulationResult(
+        peak_bytes=peak,
+        peak_step=peak_step,
+        peak_phase=peak_phase,
+        peak_node=peak_node,
+        boundary_bytes=boundary_bytes,
+        saved=saved,
+        total_cost=total_cost,
+        extra_cost=total_cost - graph.base_cost,
+        total_flops=total_flops,
+        extra_flops=total_flops - graph.base_flops,
+        recomputed=tuple(sorted([*((k, v) for k, v in counts.items() if v > 1),
+                                 *((k, v) for k, v in Counter(plain_computes).items() if v > 1)])),
+        live_curve=tuple(curve),
+    )

@@ -1,0 +1,728 @@
+"""Plan for the eager runtime: which module subtrees to wrap in ``torch.utils.checkpoint``, and
+which of their ops a selective-checkpoint policy keeps.
+
+Why a planner of its own: the graph runtime (`solvers.planning.planner`) may recompute any
+value at any step, but a user who keeps their own ``nn.Module`` and lets
+``torch.utils.checkpoint`` run the plan gets a narrower family of schedules. A *region* is a
+module subtree whose forward ops are one contiguous segment. Executing a region with saved set S:
+forward runs every op once, keeps S (cached by the policy), the values backward ops outside the
+region read, and the region's inputs; the rest is freed by the end of the region. When the
+region's backward starts (the first unpack of a tensor it saved), its forward runs again, once:
+every op up to the last one whose output its backward reads, except the ops in S. Regions not
+chosen keep everything, as plain autograd does.
+
+Each candidate plan is written as an IR `Schedule` and checked with `simulate`: the simulator is
+the oracle for its peak; the extra cost is what the eager runtime reruns (a superset of what the
+schedule needs, see `RegionOption.recompute_groups`). The choice of regions and saved sets is a
+multiple-choice knapsack over the module tree (saved bytes at the boundary are additive over
+disjoint regions, so is recomputation), solved exactly on a Pareto front; the simulator then
+confirms the cheapest selection that fits. The same front gives a lower bound valid for the whole
+family: every plan whose boundary is over the budget is infeasible.
+
+A split MLP (``split_mlp``, `frontends.eager_runtime.eager_split`) adds, below the MLP, one region per row
+chunk with one option, `CHUNKED` (its own checkpoint), chosen for all chunks of the MLP at once.
+
+Pure Python over the IR: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from solvers.base import InfeasibleBudgetError
+from solvers.baselines import store_all_schedule
+from solvers.ir.budget import resolve_budget
+from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.plan import Plan
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
+from solvers.planning.planner import breakdown, module_summaries
+
+OPTIONS = ("none", "matmuls", "every-matmul", "all")
+"""Saved sets tried per region: nothing (plain checkpointing); the outputs of matmul-like ops
+that backward reads; every matmul-like output, read by backward or not (what a hand-written
+"save matmuls" SAC policy keeps: attention's score ``bmm`` is read only to recompute the softmax
+after it, so keeping it turns that recomputation from a matmul into a pointwise op, for its
+bytes); every value the runtime can keep."""
+
+MATMUL_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
+              "aten._scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
+
+LOCAL_SEARCH_S = 10.0
+"""Longest the local search after the front's first fitting selection runs (within the time
+limit)."""
+
+LEANEST_TRIES = 40
+"""Selections simulated to name the smallest budget the family reaches when none fits."""
+
+FRONT_SIZE = 400
+"""Pareto points kept per module of the tree (thinned evenly by saved bytes beyond it)."""
+
+CHUNKED = "chunk"
+"""Option of a row chunk of a split MLP (``split_mlp``): its own checkpoint, keeping nothing.
+Chosen for all chunks of one MLP together (`RegionModel.chunk_groups`: the runtime checkpoints
+an MLP's chunks or not); not chosen, the chunks run one after the other with nothing freed, as
+the unsplit MLP. A checkpointed region around the MLP reruns them inside its own checkpoint."""
+
+
+def chunk_group(path: str) -> str:
+    """The MLP chunk group (``blocks.0.mlp.<chunks>``) of a `chunk_path`; its MLP is
+    ``chunk_group(p).removesuffix(".<chunks>")``."""
+    return path.rsplit(".<", 1)[0] + ".<chunks>"
+
+
+def chunk_path(mlp: str, index: int) -> str:
+    """The pseudo-module path of row chunk ``index`` of the split MLP ``mlp``: the frontend
+    labels the chunk's forward and backward values with it (``blocks.0.mlp.<1>.0``), so the
+    chunk is a region below the MLP and every region around it."""
+    return f"{mlp}.<{index}>"
+
+
+@dataclass(frozen=True)
+class RegionCandidate:
+    """A module the eager runtime can wrap, as the frontend found it."""
+
+    path: str
+    mappable: frozenset[str]
+    """IR values whose op the runtime recognises in the eager op stream of this region (same
+    overload, same call index), so its policy can keep them (MUST_SAVE)."""
+
+
+@dataclass(frozen=True)
+class RegionOption:
+    """One region executed with one saved set, costed over the IR."""
+
+    path: str
+    option: str
+    saved: tuple[str, ...]
+    """Values the policy keeps (whole op groups)."""
+    dropped: tuple[str, ...]
+    """Values backward reads that forward frees and the region's backward recomputes."""
+    recompute_groups: tuple[str, ...]
+    """First value of every op group the eager runtime reruns (in forward order)."""
+    saving_bytes: int
+    """Bytes no longer held from forward into backward."""
+    extra_cost: float
+    extra_flops: float
+
+
+@dataclass(frozen=True)
+class EagerSolution:
+    """The planner's answer: chosen regions, the schedule the simulator checked, and why."""
+
+    choices: tuple[RegionOption, ...]
+    schedule: Schedule
+    simulation: SimulationResult
+    store_all: SimulationResult
+    budget_bytes: int
+    extra_cost: float
+    extra_flops: float
+    bound: float | None
+    """Least extra cost any plan of this family can have under the budget (see module doc)."""
+    status: str
+    solve_time_s: float
+    message: str
+
+
+def replayable_graph(graph: RematGraph, values: Iterable[str]) -> RematGraph:
+    """``graph`` with the random ops among ``values`` recomputable: non-reentrant checkpoint
+    stashes and replays the RNG state, so a region's dropout reruns bit for bit."""
+    names = set(values)
+    if not any(graph[n].random for n in names if n in graph):
+        return graph
+    nodes = tuple(dataclasses.replace(n, random=False, rng_state="") if n.name in names and n.random
+                  else n for n in graph.nodes)
+    return RematGraph(nodes, graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
+                      graph.cost_model, graph.name)
+
+
+STATISTICS_OP = "eager.batch_norm_statistics"
+"""Running statistics a batch norm updates in forward, as a value of their own: the eager
+runtime reruns batch norm with its statistics frozen, so they are made once, in forward, and a
+region may recompute the batch norm itself."""
+
+HOLD = "eager_hold::"
+REHOLD = "eager_rehold::"
+
+
+def with_holds(graph: RematGraph, holds: Mapping[str, Sequence[str]]) -> RematGraph:
+    """``graph`` with what eager Python frames hold: ``holds[path]`` are the values the module's
+    forward still references (its locals) when it returns, so they live to its end.
+
+    Two zero-byte nodes per module model it: ``eager_hold::path`` (run once, in forward, right
+    after the module's last op) reads them; ``eager_rehold::path`` reads the ones a checkpoint
+    recomputation reruns, and is read by the module's first backward op: a schedule computes it
+    in forward when the module is not checkpointed, and at the end of its recomputation when it
+    is (`RegionModel.schedule`), so the values live until the recomputation stops."""
+    holds = {p: tuple(v for v in vs if v in graph) for p, vs in holds.items()}
+    holds = {p: vs for p, vs in holds.items() if vs}
+    if not holds:
+        return graph
+    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+    order = {v: i for i, v in enumerate(forward)}
+    after: dict[str, list[Node]] = {}
+    reader_extra: dict[str, set[str]] = {}
+    backward_groups = [m for m in graph.groups.values() if graph[m[0]].phase is Phase.BACKWARD]
+    for path in sorted(holds, key=lambda p: -p.count(".")):
+        values = [v for v in forward if within(graph[v].module, path)]
+        if not values:
+            continue
+        inside = [v for v in values if any(
+            graph[u].phase is Phase.BACKWARD and within(graph[u].module, path)
+            for u in graph.users[v])]
+        last = max((order[v] for v in inside), default=-1)
+        held = tuple(sorted(holds[path], key=order.__getitem__))
+        rehold = tuple(v for v in held if order[v] <= last)
+        first_bw = next((m for m in backward_groups if within(graph[m[0]].module, path)), None)
+        anchor = max(values, key=order.__getitem__)
+        nodes = [Node(f"{HOLD}{path}", NodeKind.OP, Phase.FORWARD, 0, held, group=f"{HOLD}{path}",
+                      mutates=True, module=path, op="eager.hold")]
+        if rehold and first_bw is not None:
+            nodes.append(Node(f"{REHOLD}{path}", NodeKind.OP, Phase.FORWARD, 0, rehold,
+                              group=f"{REHOLD}{path}", module=path, op="eager.rehold"))
+            for m in first_bw:
+                reader_extra.setdefault(m, set()).add(f"{REHOLD}{path}")
+        after.setdefault(anchor, []).extend(nodes)
+    out: list[Node] = []
+    for node in graph.nodes:
+        if node.name in reader_extra:
+            node = dataclasses.replace(node, inputs=(*node.inputs, *sorted(reader_extra[node.name])))
+        out.append(node)
+        out.extend(after.get(node.name, ()))
+    return RematGraph(tuple(out), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+NODE_HOLD = "eager_node::"
+
+
+def with_autograd_node_holds(graph: RematGraph, autograd_node: Mapping[str, object]) -> RematGraph:
+    """``graph`` with eager autograd's release points: the engine runs each backward formula
+    (``MulBackward0``: both input gradients) as one Node, and frees what it read (its saved
+    tensors, its incoming gradient) when the whole formula returns, not after the op that read
+    it last, as the captured graph's ops would.
+
+    ``autograd_node`` maps backward values to the id of the autograd Node that makes them (the
+    captured ops' ``seq_nr``). One zero-byte op per Node, ``eager_node::<id>``, right after its
+    last op, reads what the Node's ops read from outside it, so those values live to its end.
+    Only consecutive ops count as one Node: the engine's gradient accumulation (``add`` into an
+    input buffer) carries whatever ``seq_nr`` was current, not a Node of its own."""
+    runs: list[tuple[object, list[str]]] = []  # consecutive backward ops of one Node
+    for node in graph.ops:
+        if node.phase is not Phase.BACKWARD:
+            continue
+        key = autograd_node.get(node.name)
+        if runs and key is not None and runs[-1][0] == key:
+            runs[-1][1].append(node.name)
+        else:
+            runs.append((key, [node.name]))
+    members = {f"{key}.{i}": names for i, (key, names) in enumerate(runs)
+               if key is not None and len(names) > 1}
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    last_reader: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for inp in node.inputs:
+            last_reader[inp] = i
+    after: dict[str, Node] = {}
+    for key, names in members.items():
+        inside = set(names)
+        end = max(position[n] for n in names)
+        reads = tuple(dict.fromkeys(
+            i for n in names for i in graph[n].inputs
+            if i not in inside and graph[i].is_op and last_reader[i] < end))
+        if reads:
+            last = graph.nodes[end].name
+            after[last] = Node(f"{NODE_HOLD}{key}", NodeKind.OP, Phase.BACKWARD, 0, reads,
+                               group=f"{NODE_HOLD}{key}", mutates=True, module=graph[last].module,
+                               op="eager.node")
+    if not after:
+        return graph
+    out: list[Node] = []
+    for node in graph.nodes:
+        out.append(node)
+        if node.name in after:
+            out.append(after[node.name])
+    return RematGraph(tuple(out), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name)
+
+
+def is_hold(name: str) -> bool:
+    return name.startswith((HOLD, REHOLD, NODE_HOLD))
+
+
+def within(module: str, path: str) -> bool:
+    return bool(path) and (module == path or module.startswith(path + "."))
+
+
+class RegionModel:
+    """What each candidate region can do on one graph (values, readers, options)."""
+
+    def __init__(self, graph: RematGraph, candidates: Sequence[RegionCandidate],
+                 chunked: Sequence[str] = ()) -> None:
+        self.forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+        self.order = {name: i for i, name in enumerate(self.forward)}
+        # Ops that update state (a buffer written back, a mutation) must run once, but a
+        # checkpoint's recomputation would run them again (BatchNorm's running statistics would
+        # be updated twice). A region may hold them only when its policy can keep every one
+        # (MUST_SAVE: the recomputation returns the kept outputs and does not rerun the op, so
+        # the statistics are updated once); `run_once` values are in every saved set.
+        updates = set(graph.forward_outputs) - set(graph.user_outputs)
+        run_once = {m for n in graph.ops if n.phase is Phase.FORWARD and not is_hold(n.name)
+                    and n.op != STATISTICS_OP
+                    and (n.mutates or n.name in updates) for m in graph.group_of(n.name)}
+        self.run_once = run_once
+        regions: dict[str, tuple[str, ...]] = {}
+        for cand in candidates:
+            values = tuple(v for v in self.forward if within(graph[v].module, cand.path))
+            if values and self._contiguous(values) and run_once.intersection(values) <= cand.mappable:
+                regions[cand.path] = tuple(v for v in values if not is_hold(v))
+        for path in chunked:  # row chunks of split MLPs (`chunk_path`): regions of their own
+            values = tuple(v for v in self.forward if within(graph[v].module, path) and not is_hold(v))
+            if not values or not self._contiguous(values) or run_once.intersection(values):
+                raise ValueError(f"row chunk {path!r} of a split MLP is not one contiguous, rerunnable "
+                                 "segment of the forward: it cannot be planned as its own checkpoint")
+            regions[path] = values
+        everything = {v for values in regions.values() for v in values}
+        self.reholds = {p: f"{REHOLD}{p}" for p in regions if f"{REHOLD}{p}" in graph}
+        self.graph = replayable_graph(graph, everything)
+        self.regions = regions
+        self.mappable = {c.path: c.mappable for c in candidates if c.path in regions}
+        g = self.graph
+        self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
+        for node in g.ops:
+            if node.phase is Phase.BACKWARD:
+                for inp in dict.fromkeys(node.inputs):
+                    if inp in self.backward_readers:
+                        self.backward_readers[inp].append(node)
+        self.pinned = {n.name for n in g.nodes if not n.is_op}
+        self.pinned |= set(g.forward_outputs) | set(g.user_outputs)
+        for name in g.user_outputs:
+            if g[name].is_op:
+                self.pinned.update(g.group_of(name))
+        groups: dict[str, list[RegionOption]] = {}
+        for path in chunked:
+            groups.setdefault(chunk_group(path), []).append(self._chunk_option(path))
+        self.chunk_groups = {g: tuple(opts) for g, opts in groups.items()}
+        """`chunk_group` of each split MLP -> its chunks' options: chosen all together or not at all."""
+        self.options = {path: self._options(path) for path in regions if path not in chunked}
+
+    def complete(self, choices: Iterable[RegionOption]) -> tuple[RegionOption, ...]:
+        """``choices`` with every chunk of an MLP one of whose chunks is chosen, without those a
+        chosen region covers."""
+        choices = tuple(choices)
+        chosen = tuple(c for c in choices if c.option != CHUNKED)
+        groups = {chunk_group(c.path) for c in choices if c.option == CHUNKED}
+        return chosen + tuple(o for g in sorted(groups) for o in self.chunk_groups[g]
+                              if not any(within(o.path, c.path) for c in chosen))
+
+    def _chunk_option(self, path: str) -> RegionOption:
+        """A row chunk under a checkpoint that keeps nothing. Its recomputation reruns every op
+        up to the last one that saves a tensor for backward (one backward reads, or one it
+        makes): checkpoint stops once every saved tensor is back, and an op saves its tensors
+        after it ran (the down projection saves its input, so it reruns too)."""
+        g = self.graph
+        values = self.regions[path]
+        saved = {v for v in values if self.backward_readers[v]}
+        outside_read = {v for v in saved if any(not within(r.module, path) for r in self.backward_readers[v])}
+        kept = outside_read | (self.pinned & set(values))
+        dropped = tuple(v for v in values if v in saved and v not in kept)
+
+        def saves(v: str) -> bool:
+            return v in saved or any(any(g[u].phase is Phase.BACKWARD for u in g.users[i])
+                                     for i in g[v].inputs if g[i].kind is not NodeKind.TANGENT)
+
+        last = max((self.order[v] for v in values if saves(v)), default=-1)
+        recompute = tuple(v for v in values if self.order[v] <= last and g.group_of(v)[0] == v)
+        return RegionOption(
+            path=path, option=CHUNKED, saved=(), dropped=dropped, recompute_groups=recompute,
+            saving_bytes=sum(g[v].bytes for v in dropped),
+            extra_cost=sum(g[v].cost for v in recompute), extra_flops=sum(g[v].flops for v in recompute))
+
+    def rerun_readers(self, path: str) -> set[str]:
+        """Values of the region that an op the region's recomputation reruns reads: keeping
+        one spares rerunning its op (only worth it for matmuls)."""
+        g = self.graph
+        values = self.regions[path]
+        inside_read = [self.order[v] for v in values
+                       if any(within(r.module, path) for r in self.backward_readers[v])]
+        last = max(inside_read, default=-1)
+        return {i for v in values if self.order[v] <= last for i in g[v].inputs}
+
+    def _contiguous(self, values: tuple[str, ...]) -> bool:
+        first, last = self.order[values[0]], self.order[values[-1]]
+        return last - first + 1 == len(values)
+
+    def _options(self, path: str) -> list[RegionOption]:
+        g = self.graph
+        values = self.regions[path]
+        mappable = self.mappable[path]
+        inside_read = {v for v in values
+                       if any(within(r.module, path) for r in self.backward_readers[v])}
+        outside_read = {v for v in values
+                        if any(not within(r.module, path) for r in self.backward_readers[v])}
+        rerun_read = self.rerun_readers(path)
+        result: list[RegionOption] = []
+        seen: set[tuple[str, ...]] = set()
+        for option in OPTIONS:
+            saved: set[str] = self.run_once & set(values)
+            for v in values:
+                if v not in mappable:
+                    continue
+                matmul = g[v].op.startswith(MATMUL_OPS)
+                if option == "every-matmul" and matmul and v in rerun_read:
+                    saved.update(g.group_of(v))
+                if not self.backward_readers[v]:
+                    continue
+                if option == "all" or (option in ("matmuls", "every-matmul") and matmul) \
+                        or (v in outside_read and v in inside_read):
+                    saved.update(g.group_of(v))
+            saved &= set(values)
+            if not all(m in mappable for v in saved for m in g.group_of(v)):
+                saved = {v for v in saved if all(m in mappable for m in g.group_of(v))}
+            kept = saved | outside_read | (self.pinned & set(values))
+            # An op whose outputs are split (one kept, one dropped) would run again next to its
+            # kept output: the policy keeps the whole op when it can, else the option is left out
+            # (the IR cannot hold two copies of a value; eager would).
+            split = {g.group_of(v)[0] for v in values if v not in kept and self.backward_readers[v]
+                     and any(m in kept for m in g.group_of(v))}
+            if any(not all(m in mappable for m in g.group_of(v)) for v in split):
+                continue
+            for v in split:
+                saved.update(g.group_of(v))
+            kept |= saved
+            dropped = tuple(v for v in values if v not in kept and self.backward_readers[v])
+            key = tuple(sorted(saved))
+            if key in seen:
+                continue
+            seen.add(key)
+            last = max((self.order[v] for v in inside_read), default=-1)
+            recompute: list[str] = []
+            for v in values:
+                if self.order[v] > last or v in saved:
+                    continue
+                if g.group_of(v)[0] == v:
+                    recompute.append(v)
+            cost = sum(g[v].cost for v in recompute) if dropped or saved else 0.0
+            flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
+            # Kept values backward does not read are held longer than plain autograd holds them.
+            held_longer = sum(g[v].bytes for v in saved
+                              if not self.backward_readers[v] and v not in self.pinned)
+            result.append(RegionOption(
+                path=path, option=option, saved=tuple(sorted(saved, key=g.position)),
+                dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
+                saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
+                extra_cost=cost, extra_flops=flops))
+        return [o for o in result if o.saving_bytes > 0]
+
+    # ------------------------------------------------------------------ schedule
+    def region_inputs(self, path: str) -> set[str]:
+        """Forward op values from outside the region that its ops read: the checkpoint holds
+        them (its arguments) until the region's backward has recomputed."""
+        g = self.graph
+        values = set(self.regions[path])
+        return {i for v in values for i in g[v].inputs
+                if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD}
+
+    def schedule(self, choices: Sequence[RegionOption]) -> Schedule:
+        """Forward runs everything; each chosen region recomputes once, right before the first
+        backward op of the region (or the first reader of a value it dropped)."""
+        g = self.graph
+        choices = self.complete(choices)
+        held = set().union(*(self.region_inputs(c.path) for c in choices)) if choices else set()
+        dropped_all = {v for c in choices for v in c.dropped if v not in held}
+        live = {v for v in self.forward if v not in dropped_all and self.backward_readers[v]}
+        live |= self.pinned
+        backward_groups = [m for m in g.groups.values() if g[m[0]].phase is Phase.BACKWARD]
+        triggers: dict[int, list[RegionOption]] = {}
+        for choice in choices:
+            dropped = set(choice.dropped) - held
+            for i, members in enumerate(backward_groups):
+                first = g[members[0]]
+                reads_forward = any(g[x].kind is not NodeKind.TANGENT and g[x].phase is Phase.FORWARD
+                                    for x in first.inputs)
+                if (within(first.module, choice.path) and reads_forward) or dropped & set(first.inputs):
+                    triggers.setdefault(i, []).append(choice)
+                    break
+        chosen_reholds = {self.reholds[c.path] for c in choices if c.path in self.reholds}
+        backward: list[str] = []
+        for i, members in enumerate(backward_groups):
+            for choice in triggers.get(i, ()):
+                backward.extend(v for v in choice.recompute_groups
+                                if not any(m in live for m in g.group_of(v)))
+                if choice.path in self.reholds:
+                    backward.append(self.reholds[choice.path])
+            backward.extend(members)
+        forward = [v for v in self.forward if v not in chosen_reholds]
+        return Schedule.from_computes(g, forward, backward)
+
+    def evaluate(self, choices: Sequence[RegionOption]) -> SimulationResult:
+        return simulate(self.graph, self.schedule(choices))
+
+
+# ---------------------------------------------------------------------- the knapsack
+Point = tuple[int, float, tuple[RegionOption, ...]]  # (saving bytes, extra cost, choices)
+
+
+def _thin(points: list[Point], thinned: list[bool] | None = None) -> list[Point]:
+    """Pareto front (more saving, less cost), thinned to FRONT_SIZE points (``thinned[0]`` is
+    set when points were dropped: the front is then no longer exact)."""
+    points.sort(key=lambda p: (-p[0], p[1]))
+    front: list[Point] = []
+    best_cost = float("inf")
+    for p in points:
+        if p[1] < best_cost:
+            front.append(p)
+            best_cost = p[1]
+    front.reverse()  # increasing saving and cost
+    if len(front) > FRONT_SIZE:
+        if thinned is not None:
+            thinned[0] = True
+        step = len(front) / FRONT_SIZE
+        front = [front[int(i * step)] for i in range(FRONT_SIZE)] + [front[-1]]
+    return front
+
+
+def _merge(a: list[Point], b: list[Point], thinned: list[bool]) -> list[Point]:
+    return _thin([(x[0] + y[0], x[1] + y[1], x[2] + y[2]) for x in a for y in b], thinned)
+
+
+def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
+    """Non-overlapping selections of (region, option), Pareto-optimal in (saving, cost), and
+    whether the front is exact (no thinning was needed)."""
+    thinned = [False]
+    paths = sorted([*model.options, *model.chunk_groups], key=lambda p: (p.count("."), p))
+    children: dict[str, list[str]] = {p: [] for p in paths}
+    roots: list[str] = []
+    for p in paths:
+        parents = [q for q in paths if q != p and within(p, q)]
+        if parents:
+            children[max(parents, key=len)].append(p)
+        else:
+            roots.append(p)
+
+    def front_of(path: str) -> list[Point]:
+        if path in model.chunk_groups:  # a split MLP's chunks, checkpointed together or not
+            group = model.chunk_groups[path]
+            return [(0, 0.0, ()), (sum(o.saving_bytes for o in group), sum(o.extra_cost for o in group), group)]
+        inner: list[Point] = [(0, 0.0, ())]
+        for child in children[path]:
+            inner = _merge(inner, front_of(child), thinned)
+        own = [(o.saving_bytes, o.extra_cost, (o,)) for o in model.options[path]]
+        return _thin(inner + own, thinned)
+
+    total: list[Point] = [(0, 0.0, ())]
+    for root in roots:
+        total = _merge(total, front_of(root), thinned)
+    return total, not thinned[0]
+
+
+def _overlaps(option: RegionOption, choices: Sequence[RegionOption]) -> bool:
+    return any(within(option.path, c.path) or within(c.path, option.path) for c in choices)
+
+
+def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over: list[Point],
+                  need: int, budget_bytes: int, deadline: float) -> tuple[tuple[SimulationResult, Point], int]:
+    """Cheaper fitting selections near the incumbent: drop or downgrade one of its regions, or add
+    one region to a cheaper selection that peaked over the budget while recomputing. Candidates
+    are simulated cheapest first; stops at ``deadline`` or when nothing cheaper fits."""
+    every = [o for options in model.options.values() for o in options]
+    tried = 0
+    while time.perf_counter() < deadline:
+        sim, (saving, cost, choices) = best
+        moves: dict[tuple[tuple[str, str], ...], Point] = {}
+
+        def add(selection: tuple[RegionOption, ...]) -> None:
+            selection = model.complete(selection)
+            total = sum(o.extra_cost for o in selection)
+            gained = sum(o.saving_bytes for o in selection)
+            if total < cost - 1e-15 and gained >= need:
+                key = tuple(sorted((o.path, o.option) for o in selection))
+                moves.setdefault(key, (gained, total, selection))
+
+        for i, choice in enumerate(choices):
+            if choice.option == CHUNKED:
+                continue
+            rest = choices[:i] + choices[i + 1:]
+            add(rest)
+            for option in model.options.get(choice.path, ()):
+                add((*rest, option))
+        for group in model.chunk_groups.values():  # checkpoint an MLP's chunks, or stop to
+            if group[0] in choices:
+                add(tuple(c for c in choices if c not in group))
+            elif not _overlaps(group[0], [c for c in choices if c.option != CHUNKED]):
+                add((*choices, *group))
+        for point in over:
+            if point[1] >= cost:
+                continue
+            chosen = [c for c in point[2] if c.option != CHUNKED]
+            for option in every:
+                if not _overlaps(option, chosen):
+                    add((*point[2], option))
+        found = None
+        for point in sorted(moves.values(), key=lambda p: p[1]):
+            if time.perf_counter() >= deadline:
+                break
+            candidate = model.evaluate(point[2])
+            tried += 1
+            if candidate.peak_bytes <= budget_bytes:
+                found = (candidate, point)
+                break
+            over.append(point)
+        if found is None:
+            break
+        best = found
+    return best, tried
+
+
+def uniform_selections(model: RegionModel) -> list[Point]:
+    """Every region at one depth of the module tree with one saved-set option: the plans people
+    write by hand (``checkpoint`` on every block; a "save matmuls" SAC policy on every block).
+    The front keeps selections by boundary saving and cost alone, and the peak is not monotone
+    in either, so these are tried too: the plan returned is never worse than the best of them."""
+    points: list[Point] = []
+    depths = sorted({p.count(".") for p in model.options})
+    for depth in depths:
+        paths = [p for p in model.options if p.count(".") == depth]
+        for option in OPTIONS:
+            chosen = tuple(o for p in paths for o in model.options[p] if o.option == option)
+            if chosen:
+                points.append((sum(o.saving_bytes for o in chosen), sum(o.extra_cost for o in chosen), chosen))
+    chunks = tuple(o for group in model.chunk_groups.values() for o in group)
+    if chunks:  # each with every split MLP's chunks checkpointed too (those no region covers)
+        points += [(0, 0.0, ())]
+        for i in range(len(points)):
+            with_chunks = model.complete((*points[i][2], *chunks))
+            points.append((sum(o.saving_bytes for o in with_chunks), sum(o.extra_cost for o in with_chunks),
+                           with_chunks))
+    return points
+
+
+def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget: int | str,
+                time_limit_s: float = 60.0, chunked: Sequence[str] = ()) -> EagerSolution:
+    """The cheapest selection of regions and saved sets whose simulated peak fits ``budget``.
+    ``chunked``: the row chunks of split MLPs (`chunk_path`), each under its own checkpoint
+    unless a chosen region covers it (`RegionModel.complete`).
+
+    Raises `InfeasibleBudgetError` naming the leanest plan of the family when none fits."""
+    start = time.perf_counter()
+    model = RegionModel(graph, candidates, chunked)
+    g = model.graph
+    store_all = simulate(g, store_all_schedule(g))
+    budget_bytes = resolve_budget(budget, store_all.peak_bytes)
+    front, exact = pareto_front(model)
+    tangents = sum(g[t].bytes for t in g.tangents)
+    # Every plan of the family holds at least (store-all's boundary - its saving) when backward
+    # starts, tangents included: a selection saving less than ``need`` cannot fit, so the
+    # cheapest one saving enough is a lower bound (exact while the front was not thinned).
+    need = store_all.boundary_bytes + tangents - budget_bytes
+    bound_candidates = [p[1] for p in front if p[0] >= need]
+    bound = min(bound_candidates) if bound_candidates and exact else None
+    tried = 0
+    best: tuple[SimulationResult, Point] | None = None
+    leanest: tuple[int, Point, SimulationResult] | None = None
+    over: list[Point] = []  # cheaper selections that peaked over the budget while recomputing
+
+    def fits(point: Point) -> bool:
+        """Simulate ``point``; keep it as the incumbent when it fits."""
+        nonlocal tried, best, leanest
+        sim = model.evaluate(point[2])
+        tried += 1
+        if leanest is None or sim.peak_bytes < leanest[0]:
+            leanest = (sim.peak_bytes, point, sim)
+        if sim.peak_bytes <= budget_bytes:
+            best = (sim, point)
+        return best is not None and best[1] is point
+
+    for point in sorted(front, key=lambda p: p[1]):
+        if point[0] < need:
+            continue
+        if fits(point):
+            break
+        over.append(point)
+        if time.perf_counter() - start > time_limit_s:
+            break
+    for point in sorted(uniform_selections(model), key=lambda p: p[1]):
+        if (best is not None and point[1] >= best[1][1]) or fits(point):
+            break
+    if best is not None and bound is not None and best[1][1] > bound + 1e-15:
+        deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
+        best, more = _local_search(model, best, over, need, budget_bytes, deadline)
+        tried += more
+    if best is None:
+        # The leanest plan found: the selections that save the most, simulated (a few dozen).
+        for point in sorted(front, key=lambda p: -p[0])[:LEANEST_TRIES]:
+            sim = model.evaluate(point[2])
+            if leanest is None or sim.peak_bytes < leanest[0]:
+                leanest = (sim.peak_bytes, point, sim)
+        smallest = leanest[0] if leanest else store_all.peak_bytes
+        why = (" (eager runtime: no submodule's checkpoint saves memory here: modules that update "
+               "state, such as BatchNorm in training, are not checkpointed, nor ops outside "
+               "submodules; optimize() can plan them)" if len(front) <= 1 else
+               " (eager runtime: the leanest checkpointing plan found; optimize() can go lower)")
+        raise InfeasibleBudgetError(budget_bytes, smallest, why, exact=False, lower_bound_bytes=None)
+    sim, point = best
+    choices = tuple(sorted(model.complete(point[2]), key=lambda o: model.order[model.regions[o.path][0]]))
+    gap_note = ""
+    status = "optimal" if bound is not None and point[1] <= bound + 1e-15 else "feasible"
+    if status == "optimal":
+        gap_note = " (optimal among checkpointed regions with saved sets " + "/".join(OPTIONS) + ")"
+    else:
+        gap_note = (f"; {tried} selections simulated, the cheaper ones peaked over the budget "
+                    "while recomputing; the bound counts only the boundary")
+    return EagerSolution(
+        choices=choices, schedule=model.schedule(choices), simulation=sim, store_all=store_all,
+        budget_bytes=budget_bytes, extra_cost=point[1],
+        extra_flops=sum(o.extra_flops for o in choices), bound=bound, status=status,
+        solve_time_s=time.perf_counter() - start,
+        message=f"eager runtime: {sum(c.option != CHUNKED for c in choices)} regions checkpointed"
+                + (f", {sum(c.option == CHUNKED for c in choices)} MLP row chunks under their own checkpoint"
+                   if model.chunk_groups else "") + gap_note)
+
+
+def solution_plan(solution: EagerSolution, graph: RematGraph, graph_nodes: int = 0) -> Plan:
+    """The IR `Plan` of an eager solution (same fields as the graph runtime's plans)."""
+    sim = solution.simulation
+    objective = graph.base_cost + solution.extra_cost
+    bound = None if solution.bound is None else graph.base_cost + solution.bound
+    gap = None if bound is None else (objective - bound) / objective if objective else 0.0
+    return Plan(
+        status=solution.status, solver="eager-regions", cost_model=graph.cost_model,
+        budget_bytes=solution.budget_bytes, predicted_peak_bytes=sim.peak_bytes,
+        store_all_peak_bytes=solution.store_all.peak_bytes, extra_flops=solution.extra_flops,
+        extra_time_s=solution.extra_cost, step_flops=graph.base_flops,
+        step_time_s=graph.base_cost, objective=objective, bound=bound, gap=gap,
+        solve_time_s=solution.solve_time_s, breakdown=breakdown(graph, solution.budget_bytes),
+        graph_nodes=graph_nodes or len(graph.nodes), graph_values=len(graph.ops),
+        saved=sim.saved, recomputed=sim.recomputed,
+        modules=module_summaries(graph, sim, solution.store_all), message=solution.message,
+        schedule=solution.schedule)
+
+
+def fixed_choice_solution(graph: RematGraph, candidates: Sequence[RegionCandidate],
+                          paths: Sequence[str], option: str = "none",
+                          chunked: Sequence[str] = ()) -> EagerSolution | None:
+    """Every path in ``paths`` checkpointed with ``option`` (per-block checkpointing with
+    ``"none"``): the baseline a hand-written ``checkpoint`` per block gives."""
+    start = time.perf_counter()
+    model = RegionModel(graph, candidates, chunked)
+    choices = []
+    for path in paths:
+        options = {o.option: o for o in model.options.get(path, [])}
+        if option in options:
+            choices.append(options[option])
+        elif options:
+            choices.append(min(options.values(), key=lambda o: -o.saving_bytes))
+    if not choices:
+        return None
+    choices = list(model.complete(choices))
+    store_all = simulate(model.graph, store_all_schedule(model.graph))
+    sim = model.evaluate(choices)
+    return EagerSolution(
+        choices=tuple(choices), schedule=model.schedule(choices), simulation=sim,
+        store_all=store_all, budget_bytes=sim.peak_bytes,
+        extra_cost=sum(o.extra_cost for o in choices),
+        extra_flops=sum(o.extra_flops for o in choices), bound=None, status="heuristic",
+        solve_time_s=time.perf_counter() - start, message=f"{len(choices)} regions, {option}")

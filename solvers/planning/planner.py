@@ -1,0 +1,206 @@
+"""Plan one training step: run a solver, simulate its schedule, summarise it as a `Plan`.
+
+Pure Python over the IR (no torch), so what-if reports can plan without running anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from solvers import get_solver
+from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from solvers.baselines import store_all_schedule
+from solvers.checkmate.min_budget import MinBudget, smallest_feasible_budget
+from solvers.ir.allocator import AllocatorModel
+from solvers.ir.budget import resolve_budget
+from solvers.ir.graph import RematGraph
+from solvers.ir.plan import BudgetBreakdown, ModuleSummary, Plan
+from solvers.ir.schedule import Schedule
+from solvers.ir.simulator import SimulationResult, simulate
+
+
+def store_all_peak_bytes(graph: RematGraph, allocator: AllocatorModel) -> int:
+    """Plain autograd's (store-all's) planned peak under ``allocator``: what percentage budgets
+    are percentages of. ``graph`` is the graph as captured (the allocator's rounding is applied
+    here)."""
+    return allocator.planned_peak(simulate(allocator.apply(graph), store_all_schedule(graph)).peak_bytes)
+
+
+def plan_graph(
+    graph: RematGraph,
+    budget: int | str,
+    solver: str = "milp",
+    options: SolverOptions = SolverOptions(),
+    graph_nodes: int = 0,
+    allocator: AllocatorModel | None = None,
+) -> Plan:
+    """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
+    return the simulated plan.
+
+    With an ``allocator`` (a CUDA caching allocator's block rounding, workspace reserve and
+    fragmentation margin), every value is rounded to whole blocks and the planned peak includes
+    the reserve and margin; the solvers get the budget that leaves room for them.
+
+    Raises InfeasibleBudgetError when nothing fits, naming the smallest feasible budget (exact
+    when `solvers.checkmate.min_budget` proves it; its search is capped at 10 s).
+    """
+    allocator = allocator or AllocatorModel(block_bytes=1)
+    budget_bytes = resolve_budget(budget, store_all_peak_bytes(graph, allocator))
+    graph = allocator.apply(graph)
+    store_all = simulate(graph, store_all_schedule(graph))
+    solver_budget = allocator.solver_budget(budget_bytes)
+    result = _solve(graph, budget_bytes, solver_budget, solver, options, allocator)
+    sim = simulate(graph, result.schedule)
+    if sim.peak_bytes > solver_budget:
+        raise AssertionError(
+            f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
+            f"for a budget of {budget_bytes}: this is a bug in the solver"
+        )
+    return _plan(graph, budget_bytes, solver, result.status.value, store_all, sim, result.schedule,
+                 allocator, graph_nodes, bound=result.bound, gap=result.gap,
+                 solve_time_s=result.solve_time_s, message=result.message)
+
+
+def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
+                      allocator: AllocatorModel | None = None, message: str = "") -> Plan:
+    """The plan ``like``'s schedule makes on ``graph``: the same step at other input sizes
+    (see `frontends.graph_runtime.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
+    return plan_from_schedule(graph, schedule, budget_bytes, solver=like.solver, status=like.status,
+                              allocator=allocator, graph_nodes=like.graph_nodes, message=message)
+
+
+def plan_from_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, *, solver: str,
+                       status: str, allocator: AllocatorModel | None = None, graph_nodes: int = 0,
+                       message: str = "") -> Plan:
+    """The plan a schedule made elsewhere (another strategy, another size) makes on ``graph``,
+    ``solver`` naming where it came from. Simulated here, not solved: no bound or gap."""
+    allocator = allocator or AllocatorModel(block_bytes=1)
+    graph = allocator.apply(graph)
+    store_all = simulate(graph, store_all_schedule(graph))
+    schedule = Schedule.from_computes(graph, schedule.computes("forward"), schedule.computes("backward"))
+    sim = simulate(graph, schedule)
+    return _plan(graph, budget_bytes, solver, status, store_all, sim, schedule, allocator,
+                 graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message)
+
+
+def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_all: SimulationResult,
+          sim: SimulationResult, schedule: Schedule, allocator: AllocatorModel, graph_nodes: int, *,
+          bound: float | None, gap: float | None, solve_time_s: float, message: str) -> Plan:
+    return Plan(
+        status=status,
+        solver=solver,
+        cost_model=graph.cost_model,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=allocator.planned_peak(sim.peak_bytes),
+        store_all_peak_bytes=allocator.planned_peak(store_all.peak_bytes),
+        extra_flops=sim.extra_flops,
+        extra_time_s=sim.extra_cost,
+        step_flops=graph.base_flops,
+        step_time_s=graph.base_cost,
+        objective=sim.total_cost,
+        bound=bound,
+        gap=gap,
+        solve_time_s=solve_time_s,
+        breakdown=breakdown(graph, budget_bytes),
+        graph_nodes=graph_nodes or len(graph.nodes),
+        graph_values=len(graph.ops),
+        saved=sim.saved,
+        recomputed=sim.recomputed,
+        modules=module_summaries(graph, sim, store_all),
+        message=message,
+        allocator=allocator.describe(),
+        schedule=schedule,
+    )
+
+
+SEARCHING_SOLVERS = ("auto", "hierarchical")
+"""Solvers that promise the best schedule remat-opt can find: when they find none, the schedule
+the smallest-budget search found is theirs too, so every budget an error names plans."""
+
+
+def _solve(graph: RematGraph, budget_bytes: int, solver_budget: int, solver: str,
+           options: SolverOptions, allocator: AllocatorModel) -> SolveResult:
+    """``solver``'s schedule for ``solver_budget``; raises `InfeasibleBudgetError` naming the
+    smallest feasible budget when there is none.
+
+    For `SEARCHING_SOLVERS` the smallest-budget search is the last resort: its schedule is
+    returned when it fits, so a budget at or above the one an earlier error named always plans
+    (the heuristics and a time-limited exact model may miss the schedule that search proves)."""
+    start = time.perf_counter()
+    try:
+        result = get_solver(solver)(graph, solver_budget, options)
+    except InfeasibleBudgetError:
+        result = None
+    if result is not None and result.schedule is not None:
+        return result
+    message = "" if result is None else result.message
+    found = smallest_feasible_budget(graph, options)
+    if solver in SEARCHING_SOLVERS:
+        sim = simulate(graph, found.schedule)
+        if sim.peak_bytes <= solver_budget:
+            why = f"{message}; " if message else ""
+            return SolveResult(solver=solver, status=SolveStatus.HEURISTIC, schedule=found.schedule,
+                               objective=sim.total_cost, bound=None,
+                               solve_time_s=time.perf_counter() - start,
+                               message=f"{why}the smallest-budget search's schedule ({found.method})")
+    raise _infeasible(found, budget_bytes, solver, allocator, message)
+
+
+def _infeasible(found: MinBudget, budget_bytes: int, solver: str, allocator: AllocatorModel,
+                message: str) -> InfeasibleBudgetError:
+    """The error for a budget ``solver`` could not meet, naming the smallest feasible budget
+    ``found`` (exact when `solvers.checkmate.min_budget` proves it, within its time limit)."""
+    smallest = allocator.planned_peak(found.smallest_bytes)
+    lower = allocator.planned_peak(found.lower_bytes)
+    detail = f" ({message})" if message else ""
+    if smallest <= budget_bytes:  # a schedule fits, but this solver did not find it
+        detail += (f"; solver {solver!r} found no schedule, but one exists: try solver='milp' "
+                   "or 'cpsat', or a longer time limit")
+    return InfeasibleBudgetError(budget_bytes, smallest, detail, exact=found.exact,
+                                 lower_bound_bytes=lower)
+
+
+def breakdown(graph: RematGraph, budget_bytes: int) -> BudgetBreakdown:
+    fixed = graph.parameter_bytes + graph.gradient_bytes + graph.input_bytes
+    return BudgetBreakdown(
+        budget_bytes=budget_bytes,
+        parameters_bytes=graph.parameter_bytes,
+        gradients_bytes=graph.gradient_bytes,
+        inputs_bytes=graph.input_bytes,
+        activations_bytes=budget_bytes - fixed,
+    )
+
+
+def block_of(module: str) -> str:
+    """The module path cut after its first numbered child: 'blocks.0.attn.q' -> 'blocks.0',
+    'layer2.1.conv1' -> 'layer2.1', 'ln_f' -> 'ln_f'; ops outside any submodule -> '<top>'."""
+    if not module:
+        return "<top>"
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def module_summaries(
+    graph: RematGraph, plan: SimulationResult, store_all: SimulationResult
+) -> tuple[ModuleSummary, ...]:
+    """Saved bytes and recomputation per block (see `block_of`)."""
+    saved: dict[str, int] = defaultdict(int)
+    saved_before: dict[str, int] = defaultdict(int)
+    ops: dict[str, int] = defaultdict(int)
+    flops: dict[str, float] = defaultdict(float)
+    for name in plan.saved:
+        saved[block_of(graph[name].module)] += graph[name].bytes
+    for name in store_all.saved:
+        saved_before[block_of(graph[name].module)] += graph[name].bytes
+    for name, times in plan.recomputed:
+        node = graph[name]
+        ops[block_of(node.module)] += times - 1
+        flops[block_of(node.module)] += (times - 1) * node.flops
+    modules = sorted(set(saved) | set(saved_before) | set(ops))
+    return tuple(
+        ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m]) for m in modules
+    )

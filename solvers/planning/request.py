@@ -1,0 +1,110 @@
+"""One planning request: the budget and every setting a plan depends on, checked once.
+
+Why one object: `optimize`, `plan_only`, `apply_checkpointing`, `remat_backend`, rank planning
+and the CLI all plan the same way, and each used to repeat the same dozen keywords (and re-parse
+the budget). Each now takes ``**settings`` and builds a `PlanRequest` with `PlanRequest.of`,
+which parses the budget into a `Budget`, and refuses a setting the entry point does not honour,
+naming the ones it does (an unknown keyword is a typo or a setting of another runtime, never
+something to ignore silently). The request travels down to the frontends and the planner as it
+is. Torch-free: the capture settings are plain strings that the frontends check where they are
+used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from solvers import SOLVERS
+from solvers.base import SolverOptions
+from solvers.ir.allocator import AllocatorModel
+from solvers.ir.budget import Budget
+
+MILP_ENGINES = ("auto", "cbc", "highs")
+
+
+class SettingsError(TypeError):
+    """A setting the entry point does not take, or one of the wrong type; the message lists the
+    settings it takes."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan for. Every field but ``budget`` has the default the API documents."""
+
+    budget: Budget
+    """Peak bytes of one training step, or a percentage of plain autograd's peak (`Budget`)."""
+    solver: str = "auto"
+    """One of `solvers.SOLVERS` (the graph runtime), or ``auto`` (the eager runtime's own planner)."""
+    time_limit: float = 60.0
+    """Seconds the solver may take (the best plan found by then is used)."""
+    threads: int = 1
+    verbose: bool = False
+    milp_engine: str = "auto"
+    """``cbc``, ``highs`` or ``auto`` (see `solvers.checkmate.milp_engines`)."""
+    cost_model: str = "flops"
+    """``flops``, ``roofline:<device>`` or ``profile`` (see `frontends.measure.costs`)."""
+    allocator: AllocatorModel | None = None
+    """A CUDA caching allocator's rounding and margins, added to every peak."""
+    grad_outputs: str = "losses"
+    """``losses``: backward from the scalar loss only; ``all``: from every output."""
+    python_side_effects: str = "error"
+    """``error``: refuse a forward the graph cannot replay; ``ignore``: plan it as captured."""
+    outputs: str = "all"
+    """``all``: return every output; ``loss``: the scalar losses only (the rest is dropped)."""
+    split: int | str | None = None
+    """The LM head and its loss in k row chunks, ``"auto"`` to choose k, None for whole."""
+    split_mlp: int | str | None = None
+    """Every MLP in m row chunks, ``"auto"``, or None (1; searched too under ``split="auto"``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise SettingsError("PlanRequest.budget is a Budget: build the request with PlanRequest.of(budget, ...)")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown solver {self.solver!r}: choose one of {', '.join(SOLVERS)}")
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or self.time_limit <= 0:
+            raise ValueError(f"time_limit must be a positive number of seconds, got {self.time_limit!r}")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+        if self.milp_engine not in MILP_ENGINES:
+            raise ValueError(f"unknown milp_engine {self.milp_engine!r}: choose one of {', '.join(MILP_ENGINES)}")
+        if self.allocator is not None and not isinstance(self.allocator, AllocatorModel):
+            raise SettingsError(f"allocator must be an AllocatorModel or None, got {type(self.allocator).__name__}")
+
+    @classmethod
+    def of(cls, budget: PlanRequest | Budget | str | int, caller: str, accepted: Iterable[str] | None = None,
+           **settings: object) -> PlanRequest:
+        """The request for ``budget`` with ``settings``, or ``budget`` itself when it is a whole
+        request (the CLI builds one and hands it on). ``caller`` (the entry point's name) and
+        ``accepted`` (the settings it honours; None: all) word the refusal of any other."""
+        allowed = SETTINGS if accepted is None else tuple(accepted)
+        if isinstance(budget, PlanRequest):
+            if settings:
+                raise SettingsError(f"{caller}() got a PlanRequest and settings {', '.join(map(repr, settings))}: "
+                                    "put them in the request (request.replace(...))")
+            settings = {name: getattr(budget, name) for name in SETTINGS
+                        if getattr(budget, name) != _DEFAULTS[name]}
+        unknown = [name for name in settings if name not in allowed]
+        if unknown:
+            raise SettingsError(f"{caller}() got {'an unknown setting' if len(unknown) == 1 else 'unknown settings'} "
+                                f"{', '.join(map(repr, unknown))}: it takes {', '.join(allowed)}")
+        if isinstance(budget, PlanRequest):
+            return budget
+        return cls(budget=Budget.of(budget), **settings)
+
+    @property
+    def solver_options(self) -> SolverOptions:
+        return SolverOptions(time_limit_s=float(self.time_limit), threads=self.threads, verbose=self.verbose,
+                             milp_engine=self.milp_engine)
+
+    def replace(self, **changes: object) -> PlanRequest:
+        """This request with ``changes`` (a budget as any `Budget.of` reads)."""
+        if "budget" in changes:
+            changes["budget"] = Budget.of(changes["budget"])
+        return dataclasses.replace(self, **changes)
+
+
+SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRequest) if f.name != "budget")
+"""Every setting ``**settings`` may name, in the order the API documents them."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlanRequest) if f.name != "budget"}
