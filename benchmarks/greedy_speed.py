@@ -45,6 +45,15 @@ SWAPPED = ("solvers/ir/schedule.py", "solvers/ir/simulator.py", "solvers/greedy.
 TIME_LIMIT_S = 3600.0
 
 
+def _source_at(commit: str, path: str) -> str:
+    """``path`` as it was at ``commit``; before the layers moved (c9c4516) the IR was optimizer/ir/."""
+    for candidate in (path, path.replace("solvers/ir/", "optimizer/ir/")):
+        shown = subprocess.run(["git", "show", f"{commit}:{candidate}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            return shown.stdout.replace("optimizer.ir.", "solvers.ir.")
+    raise SystemExit(f"{path} is not in {commit}")
+
+
 def load_baseline(commit: str) -> ModuleType:
     """The baseline's greedy, importing the baseline's schedule and simulator (the rest is shared)."""
     names = [path[:-3].replace("/", ".") for path in SWAPPED]
@@ -52,8 +61,7 @@ def load_baseline(commit: str) -> ModuleType:
     try:
         with tempfile.TemporaryDirectory(prefix="greedy_baseline_") as folder:
             for path, name in zip(SWAPPED, names):
-                source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, check=True,
-                                        capture_output=True, text=True).stdout
+                source = _source_at(commit, path)
                 file = os.path.join(folder, path.replace("/", "__"))
                 with open(file, "w") as handle:
                     handle.write(source)

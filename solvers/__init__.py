@@ -1,4 +1,5 @@
-"""Solver back-ends behind one signature: ``solve(graph, budget_bytes, options) -> SolveResult``.
+"""The torch-free core (the bottom floor): `ir` (graph, simulator, budget), the solver back-ends
+behind one signature, ``solve(graph, budget_bytes, options) -> SolveResult``, and `planning`.
 
 `SOLVERS` maps each name the API and the CLI accept to the module and function that implement
 it; modules (and their optional dependencies) are imported only when a solver is used.

@@ -106,32 +106,91 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
         return None
     graph = prune_dead(graph)
     base = float(sum(n.cost for n in graph.ops))
-    group_cost = {g: sum(graph[m].cost for m in ms) for g, ms in graph.groups.items()}
-    resident = graph.resident_bytes
-    users = set(graph.user_outputs)
+    reads = _BackwardReads.of(graph)
+    lp = LinearProgram()
+    forward = _add_forward_rows(lp, graph, reads, budget_bytes)
+    sweep = _sweep_backward(lp, graph, reads)
+    worst = max(sweep.fixed_at, default=0)
+    if worst > budget_bytes:
+        return BoundResult(math.inf, base, worst, True,
+                           f"at least {worst} bytes are live in every schedule")
+    if (stop := late("memory rows")) is not None:
+        return stop
+    if (stop := _add_memory_rows(lp, graph, reads, forward, sweep, budget_bytes, late)) is not None:
+        return stop
+    for j in _snapshot_points(sweep.fixed_at, snapshots):
+        if (stop := late("snapshots")) is not None:
+            return stop
+        _add_snapshot(lp, graph, j, reads.backward_groups, reads.last_read, forward.again, forward.held,
+                      reads.users, budget_bytes, sweep.fixed_at, sweep.redo_terms,
+                      graph.resident_bytes + reads.tangent_bytes)
+    if (stop := late("before the solve", lp.nonzeros)) is not None:
+        return stop
+    solution = lp.solve(min(time_limit_s, deadline - time.perf_counter()),
+                        primal_simplex=primal_simplex)
+    if solution.status is LpStatus.INFEASIBLE:
+        return BoundResult(math.inf, base, worst, True, "the bound's LP is infeasible")
+    if solution.status is not LpStatus.OPTIMAL or solution.objective is None:
+        return BoundResult(base, base, worst, False, f"bound LP: {solution.status.value}; base cost only")
+    extra = max(0.0, solution.objective) * (1 - 1e-9)
+    values = solution.values
+    fractions = tuple((v, float(values[forward.held[v]] if v in forward.held else values[k]))
+                      for v, k in forward.live.items())
+    return BoundResult(base + extra, base, worst, False, "LP bound", fractions)
+
+
+@dataclass(frozen=True)
+class _BackwardReads:
+    """Who reads what in backward: the backward op groups in order, the last backward group that
+    reads each value (``len(backward_groups)`` for a backward output, live at the end), the user
+    outputs and the tangents' bytes (all arrive when backward starts)."""
+
+    backward_groups: list
+    last_read: dict[str, int]
+    users: set[str]
+    tangent_bytes: int
+
+    @classmethod
+    def of(cls, graph: RematGraph) -> _BackwardReads:
+        backward_groups = [ms for ms in graph.groups.values() if graph[ms[0]].phase is Phase.BACKWARD]
+        last_read: dict[str, int] = {}
+        for j, ms in enumerate(backward_groups):
+            for inp in graph[ms[0]].inputs:
+                last_read[inp] = j
+        for name in graph.backward_outputs:
+            last_read[name] = len(backward_groups)  # must be live when backward ends
+        return cls(backward_groups, last_read, set(graph.user_outputs),
+                   sum(graph[t].bytes for t in graph.tangents))
+
+
+@dataclass(frozen=True)
+class _ForwardVars:
+    """The LP's forward variables: ``live`` (kept at the boundary), ``again`` (a forward group
+    recomputed in backward, priced at its cost when backward needs it) and ``held`` (a value
+    backward reads, held or recomputed)."""
+
+    live: dict[str, int]
+    again: dict[str, int]
+    held: dict[str, int]
+
+
+def _add_forward_rows(lp: LinearProgram, graph: RematGraph, reads: _BackwardReads,
+                      budget_bytes: int) -> _ForwardVars:
+    """Rules 1, 1' and 2 and the boundary's memory row (see the module docstring)."""
     fwd_needed = _forward_needed(graph)
     forward = [n for n in graph.ops if n.phase is Phase.FORWARD]
-    backward_groups = [ms for ms in graph.groups.values() if graph[ms[0]].phase is Phase.BACKWARD]
-    last_read: dict[str, int] = {}
-    for j, ms in enumerate(backward_groups):
-        for inp in graph[ms[0]].inputs:
-            last_read[inp] = j
-    end = len(backward_groups)
-    for name in graph.backward_outputs:
-        last_read[name] = end  # must be live when backward ends
-
-    lp = LinearProgram()
+    users = reads.users
     live = {v.name: lp.add_var(0.0, 1.0 if v.name in graph.forward_outputs else 0.0, 1.0)
             for v in forward}
     again: dict[str, int] = {}
     for ms in graph.groups.values():
         first = graph[ms[0]]
         if first.phase is Phase.FORWARD:
-            cost = group_cost[first.group] if first.group in fwd_needed else 0.0
+            cost = sum(graph[m].cost for m in ms) if first.group in fwd_needed else 0.0
             again[first.group] = lp.add_var(cost, 0.0, 0.0 if first.compute_once else 1.0)
     held = {}
     for v in forward:
-        if v.name in last_read and v.name not in users:
+        if v.name in reads.last_read and v.name not in users:
             held[v.name] = lp.add_var(0.0, 0.0, 1.0)
             lp.add_row({held[v.name]: 1.0, live[v.name]: -1.0, again[v.group]: 1.0}, lower=0.0)
             lp.add_row({held[v.name]: 1.0, again[v.group]: 1.0}, lower=1.0)  # rule 1'
@@ -144,20 +203,32 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
             node = graph[u]
             if node.is_op and node.phase is Phase.FORWARD and u not in users:
                 lp.add_row({again[node.group]: 1.0, again[g]: -1.0, live[u]: 1.0}, lower=0.0)
-    tangent_bytes = sum(graph[t].bytes for t in graph.tangents)  # all arrive at B0
-    lp.add_row({live[v.name]: float(v.bytes) for v in forward}, upper=budget_bytes - resident - tangent_bytes)
+    lp.add_row({live[v.name]: float(v.bytes) for v in forward},
+               upper=budget_bytes - graph.resident_bytes - reads.tangent_bytes)
+    return _ForwardVars(live, again, held)
 
-    redo: dict[str, int] = {}
-    made_at = {}
-    for j, ms in enumerate(backward_groups):
-        for m in ms:
-            made_at[m] = j
+
+@dataclass(frozen=True)
+class _BackwardSweep:
+    """Per backward group j: the bytes live in every schedule (``fixed_at``), the ``redo``
+    terms of backward values made before j, read after it and recomputable (``redo_terms``),
+    and what j reads (``held_terms``: its reads and fixed bytes)."""
+
+    fixed_at: list[int]
+    redo_terms: list[dict[int, float]]
+    held_terms: list[tuple[set[str], int]]
+
+
+def _sweep_backward(lp: LinearProgram, graph: RematGraph, reads: _BackwardReads) -> _BackwardSweep:
+    """Backward values made before j and read after it, kept by a sweep over j (each value
+    enters once and leaves at its last read): linear in the graph, not quadratic."""
+    users, last_read, backward_groups = reads.users, reads.last_read, reads.backward_groups
+    resident = graph.resident_bytes
     user_bytes = sum(graph[u].bytes for u in users if graph[u].is_op)
+    redo: dict[str, int] = {}
     fixed_at: list[int] = []
     redo_terms: list[dict[int, float]] = []
     held_terms: list[tuple[set[str], int]] = []
-    # Backward values made before j and read after it, kept by a sweep over j (each value
-    # enters once and leaves at its last read): linear in the graph, not quadratic.
     across: dict[str, int] = {}
     leaving: dict[int, list[str]] = {}
     for j, ms in enumerate(backward_groups):
@@ -169,66 +240,51 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
                     across[b] = graph[b].bytes
                     leaving.setdefault(last_read[b], []).append(b)
         first = graph[ms[0]]
-        reads = set(first.inputs)
+        read_here = set(first.inputs)
         fixed = resident + user_bytes
         fixed += sum(graph[t].bytes for t in graph.tangents if last_read.get(t, -1) >= j)
         fixed += sum(graph[m].bytes for m in ms) + first.temp_bytes
-        fixed += sum(graph[i].bytes for i in reads if graph[i].is_op and i not in users)
+        fixed += sum(graph[i].bytes for i in read_here if graph[i].is_op and i not in users)
         row: dict[int, float] = {}
         for b, nbytes in across.items():
-            if b not in reads:
+            if b not in read_here:
                 group = graph[b].group
                 if group not in redo:
-                    redo[group] = lp.add_var(group_cost[group], 0.0, 1.0)
+                    redo[group] = lp.add_var(sum(graph[m].cost for m in graph.groups[group]), 0.0, 1.0)
                 fixed += nbytes
                 row[redo[group]] = row.get(redo[group], 0.0) - float(nbytes)
         fixed_at.append(fixed)
         redo_terms.append(row)
-        held_terms.append((reads, fixed))
-    worst = max(fixed_at, default=0)
-    if worst > budget_bytes:
-        return BoundResult(math.inf, base, worst, True,
-                           f"at least {worst} bytes are live in every schedule")
-    if (stop := late("memory rows")) is not None:
-        return stop
-    # Rule 4's rows: every backward op on graphs of up to MEMORY_ROWS of them; on larger ones
-    # the busiest half and evenly spaced others (fewer rows only loosen the LP: still a bound).
-    # The held values read after j are a prefix of them by last read (latest first): sliced,
-    # not filtered one by one (800 rows x 25,000 held values on a 10,000-step loop).
+        held_terms.append((read_here, fixed))
+    return _BackwardSweep(fixed_at, redo_terms, held_terms)
+
+
+def _add_memory_rows(lp: LinearProgram, graph: RematGraph, reads: _BackwardReads, forward: _ForwardVars,
+                     sweep: _BackwardSweep, budget_bytes: int, late) -> BoundResult | None:
+    """Rule 4's rows: every backward op on graphs of up to MEMORY_ROWS of them; on larger ones
+    the busiest half and evenly spaced others (fewer rows only loosen the LP: still a bound).
+    The held values read after j are a prefix of them by last read (latest first): sliced,
+    not filtered one by one (800 rows x 25,000 held values on a 10,000-step loop). Returns the
+    base-cost bound when the deadline passes (``late``), else None."""
+    held, last_read = forward.held, reads.last_read
     by_last = sorted(held, key=lambda v: -last_read[v])
     neg_last = [-last_read[v] for v in by_last]
     held_terms_by_last = [(held[v], float(graph[v].bytes)) for v in by_last]
-    memory_rows = _memory_rows(fixed_at)
+    memory_rows = _memory_rows(sweep.fixed_at)
     if (stop := late("memory rows", lp.nonzeros + sum(
             bisect.bisect_left(neg_last, -j) for j in memory_rows))) is not None:
         return stop
     for j in memory_rows:
         if (stop := late("memory rows")) is not None:
             return stop
-        reads, fixed = held_terms[j]
-        row = dict(redo_terms[j])
+        read_here, fixed = sweep.held_terms[j]
+        row = dict(sweep.redo_terms[j])
         row.update(held_terms_by_last[:bisect.bisect_left(neg_last, -j)])
-        for v in reads:
+        for v in read_here:
             if v in held and last_read[v] > j:
                 del row[held[v]]
         lp.add_row(row, upper=budget_bytes - fixed)
-    for j in _snapshot_points(fixed_at, snapshots):
-        if (stop := late("snapshots")) is not None:
-            return stop
-        _add_snapshot(lp, graph, j, backward_groups, last_read, again, held, users,
-                      budget_bytes, fixed_at, redo_terms, resident + tangent_bytes)
-    if (stop := late("before the solve", lp.nonzeros)) is not None:
-        return stop
-    solution = lp.solve(min(time_limit_s, deadline - time.perf_counter()),
-                        primal_simplex=primal_simplex)
-    if solution.status is LpStatus.INFEASIBLE:
-        return BoundResult(math.inf, base, worst, True, "the bound's LP is infeasible")
-    if solution.status is not LpStatus.OPTIMAL or solution.objective is None:
-        return BoundResult(base, base, worst, False, f"bound LP: {solution.status.value}; base cost only")
-    extra = max(0.0, solution.objective) * (1 - 1e-9)
-    values = solution.values
-    fractions = tuple((v, float(values[held[v]] if v in held else values[k])) for v, k in live.items())
-    return BoundResult(base + extra, base, worst, False, "LP bound", fractions)
+    return None
 
 
 LP_SETUP_RATE = 4e5

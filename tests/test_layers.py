@@ -23,6 +23,8 @@ from import_layers import (
     upward_imports,
 )
 
+import optimizer
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,6 +44,16 @@ def test_no_import_points_up_the_layers():
 
 def test_no_import_cycles_between_modules():
     assert import_cycles(ROOT) == []
+
+
+def test_the_core_imports_no_floor_above_it_and_the_frontends_not_the_api():
+    """docs/design.md "Layout": solvers/ imports neither frontends nor optimizer; frontends/ does
+    not import optimizer; every entry point users call lives in optimizer/."""
+    edges = [(i.importer.split(".")[0], i.imported.split(".")[0], i.importer, i.imported) for i in all_imports(ROOT)]
+    assert [e for e in edges if e[0] == "solvers" and e[1] in ("frontends", "optimizer")] == []
+    assert [e for e in edges if e[0] == "frontends" and e[1] == "optimizer"] == []
+    for entry in ("optimize", "plan_only", "apply_checkpointing", "remat_backend", "find_graph_breaks"):
+        assert optimizer._EXPORTS[entry].startswith("optimizer."), entry
 
 
 def test_function_local_imports_say_why():

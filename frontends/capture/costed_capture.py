@@ -1,6 +1,6 @@
 """Capture a training step and cost its ops under a named cost model.
 
-The one entry point the app, the meta-device what-if and the per-rank planner share: capture
+The one entry point the API, the meta-device what-if and the per-rank planner share: capture
 (`frontends.capture.step`), then, for the ``profile`` cost model, time every op on the model's device
 (`frontends.measure.profile`).
 """

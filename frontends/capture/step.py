@@ -376,29 +376,71 @@ def build_remat_graph(
 ) -> tuple[RematGraph, dict[str, str], int]:
     """The IR of a joint graph: values, their storage bytes, phases, costs and flags. A graph
     with symbolic sizes (torch.compile's dynamic shapes) is measured at ``sizes`` (default: each
-    symbol's hint); a data-dependent size with no hint raises `CaptureError`."""
+    symbol's hint); a data-dependent size with no hint raises `CaptureError`.
+
+    Returns (graph, value_of: fx node name -> the value holding its storage, the number of
+    forward outputs). In graph order: placeholders and lifted constants become resident values
+    or tangents; each op's outputs with a storage of their own become values (`_op_values`), in
+    the phase `_Phases` gives them; aliases map to the value they share a storage with."""
     sizes = sizes or SymbolSizes()
-    root_of_storage: dict[StorageWeakRef, str] = {}
-    value_of: dict[str, str] = {}
+    claims = _StorageClaims(sizes)
     nodes: list[Node] = []
-    backward_nodes: set[str] = set()
-    module_of_seq: dict[int, str] = {}
-    getitems: dict[str, list[torch.fx.Node]] = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is operator.getitem:
-            getitems.setdefault(node.args[0].name, []).append(node)
+    phases = _Phases(gm)
     mutated = _mutated_placeholders(gm)
+    constants: list[Node] = []  # lifted constants: resident values, placed after the placeholders
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if claims.claim(node):
+                kind = _placeholder_kind(node)
+                phase = Phase.BACKWARD if kind is NodeKind.TANGENT else Phase.FORWARD
+                nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"], sizes),
+                                  op="placeholder"))
+                if kind is NodeKind.TANGENT:
+                    phases.backward_nodes.add(node.name)
+            continue
+        if node.op == "get_attr":
+            constant = _constant_value(gm, node)
+            if constant is not None and claims.claim(node, constant):
+                constants.append(Node(node.name, NodeKind.PARAMETER, Phase.FORWARD,
+                                      _storage_nbytes(constant, sizes), op="get_attr"))
+            continue
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        reads = [a for a in flat_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+        phase, module = phases.of(node, reads)
+        outputs = phases.getitems.get(node.name, []) if isinstance(node.meta.get("val"), (tuple, list)) else [node]
+        fresh = [o for o in outputs if claims.claim(o)]
+        if fresh:  # else an alias (view, detach, ...) or an op without tensor output
+            nodes.extend(_op_values(node, fresh, reads, phase, module, claims, mutated, cost_model, sizes))
+    forward_outputs, user_outputs, backward_outputs, num_fwd_outputs = _graph_outputs(gm, claims.value_of)
+    first_op = next((i for i, n in enumerate(nodes) if n.is_op), len(nodes))
+    graph = RematGraph(
+        tuple(nodes[:first_op] + constants + nodes[first_op:]),
+        forward_outputs=forward_outputs,
+        user_outputs=user_outputs,
+        backward_outputs=backward_outputs,
+        cost_model=cost_model.name,
+        name=name,
+    )
+    return graph, claims.value_of, num_fwd_outputs
 
-    def inputs_of(reads: list[torch.fx.Node]) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(value_of[a.name] for a in reads if a.name in value_of))
 
-    def claim(fx_node: torch.fx.Node, val: Any = None) -> bool:
+class _StorageClaims:
+    """One value per tensor storage: the first fx node with a storage names its value; later
+    nodes on the same storage (views, aliases) map to it (``value_of``)."""
+
+    def __init__(self, sizes: SymbolSizes):
+        self.sizes = sizes
+        self.root_of_storage: dict[StorageWeakRef, str] = {}
+        self.value_of: dict[str, str] = {}
+
+    def claim(self, fx_node: torch.fx.Node, val: Any = None) -> bool:
         """Map fx_node to its storage's value; True when it is a new storage."""
         val = fx_node.meta.get("val") if val is None else val
         if not isinstance(val, torch.Tensor):
             return False
         try:
-            sizes.shape(val)
+            self.sizes.shape(val)
         except UnplannableSize:
             where = fx_node.meta.get("stack_trace", "").strip().splitlines()[-2:]
             raise CaptureError(
@@ -407,80 +449,88 @@ def build_remat_graph(
                 "move that computation outside the module"
             ) from None
         key = StorageWeakRef(val.untyped_storage())
-        if key in root_of_storage:
-            value_of[fx_node.name] = root_of_storage[key]
+        if key in self.root_of_storage:
+            self.value_of[fx_node.name] = self.root_of_storage[key]
             return False
-        root_of_storage[key] = fx_node.name
-        value_of[fx_node.name] = fx_node.name
+        self.root_of_storage[key] = fx_node.name
+        self.value_of[fx_node.name] = fx_node.name
         return True
 
-    constants: list[Node] = []  # lifted constants: resident values, placed after the placeholders
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            if claim(node):
-                kind = _placeholder_kind(node)
-                phase = Phase.BACKWARD if kind is NodeKind.TANGENT else Phase.FORWARD
-                nodes.append(Node(node.name, kind, phase, _storage_nbytes(node.meta["val"], sizes),
-                                  op="placeholder"))
-                if kind is NodeKind.TANGENT:
-                    backward_nodes.add(node.name)
-            continue
-        if node.op == "get_attr":
-            constant = _constant_value(gm, node)
-            if constant is not None and claim(node, constant):
-                constants.append(Node(node.name, NodeKind.PARAMETER, Phase.FORWARD,
-                                      _storage_nbytes(constant, sizes), op="get_attr"))
-            continue
-        if node.op != "call_function" or node.target is operator.getitem:
-            continue
-        reads = [a for a in flat_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+    def is_claimed(self, tensor: torch.Tensor) -> bool:
+        return StorageWeakRef(tensor.untyped_storage()) in self.root_of_storage
+
+    def inputs_of(self, reads: list[torch.fx.Node]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.value_of[a.name] for a in reads if a.name in self.value_of))
+
+
+class _Phases:
+    """Each op's phase and module, in graph order: an op that reads a backward value (or that
+    AOTAutograd tags backward) is backward, and so are its readers; a backward op takes the module
+    of the forward op with its autograd sequence number."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.backward_nodes: set[str] = set()
+        self.module_of_seq: dict[int, str] = {}
+        self.getitems: dict[str, list[torch.fx.Node]] = {}
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is operator.getitem:
+                self.getitems.setdefault(node.args[0].name, []).append(node)
+
+    def of(self, node: torch.fx.Node, reads: list[torch.fx.Node]) -> tuple[Phase, str]:
+        backward_nodes = self.backward_nodes
         if any(a.name in backward_nodes for a in reads):
             backward_nodes.add(node.name)
-            backward_nodes.update(g.name for g in getitems.get(node.name, []))
+            backward_nodes.update(g.name for g in self.getitems.get(node.name, []))
         phase = Phase.BACKWARD if _is_backward(node, backward_nodes) else Phase.FORWARD
         if phase is Phase.BACKWARD:  # its readers run in backward too (tagged or not)
             backward_nodes.add(node.name)
-            backward_nodes.update(g.name for g in getitems.get(node.name, []))
+            backward_nodes.update(g.name for g in self.getitems.get(node.name, []))
         seq = node.meta.get("seq_nr")
         module = _module_path(node)
         if phase is Phase.FORWARD and seq is not None and module:
-            module_of_seq.setdefault(seq, module)
+            self.module_of_seq.setdefault(seq, module)
         if phase is Phase.BACKWARD and seq is not None:
-            module = module_of_seq.get(seq, "")
-        outputs = getitems.get(node.name, []) if isinstance(node.meta.get("val"), (tuple, list)) else [node]
-        fresh = [o for o in outputs if claim(o)]
-        if not fresh:
-            continue  # an alias (view, detach, ...) or an op without tensor output
-        target = node.target
-        schema = getattr(target, "_schema", None)
-        random = is_random_op(node) or target is RNG_STATE_OP
-        mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure(impure_random=False) and not random)
-        if target not in RECOMPUTABLE_READERS_OF_MUTATED and any(
-            value_of.get(a.name) in mutated for a in reads
-        ):
-            mutates = True  # would read the buffer after forward updated it
-        flops = op_flops(node, sizes)
-        seconds = cost_model.seconds(flops, op_bytes_moved(node, sizes))
-        used = {id(o.meta["val"]) for o in fresh}
-        unused = [t for t in flat_leaves(node.meta.get("val"))
-                  if isinstance(t, torch.Tensor) and id(t) not in used
-                  and StorageWeakRef(t.untyped_storage()) not in root_of_storage]
-        temp = sum(_storage_nbytes(t, sizes) for t in unused)
-        ins = inputs_of(reads)
-        replays = value_of.get(node.meta.get(RNG_STATE_META, ""), "")  # see frontends.graph_runtime.rng_replay
-        if replays:
-            ins = (*ins, replays)
-        for k, out in enumerate(fresh):
-            nodes.append(Node(
-                name=out.name, kind=NodeKind.OP, phase=phase,
-                bytes=(state_device_bytes(node) if target is RNG_STATE_OP
-                       else _op_output_nbytes(node, out.meta["val"], sizes)),
-                inputs=ins, group=node.name, rng_state=replays,
-                cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
-                temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
-                module=module, op=str(target),
-            ))
+            module = self.module_of_seq.get(seq, "")
+        return phase, module
 
+
+def _op_values(node: torch.fx.Node, fresh: list[torch.fx.Node], reads: list[torch.fx.Node], phase: Phase,
+               module: str, claims: _StorageClaims, mutated: set[str], cost_model: CostModel,
+               sizes: SymbolSizes) -> list[Node]:
+    """The values of one op (its outputs with a new storage, ``fresh``; siblings of one group):
+    the op's cost, FLOPs and unused outputs (temp bytes) on the first, its flags on each."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    random = is_random_op(node) or target is RNG_STATE_OP
+    mutates = bool(schema is not None and schema.is_mutable) or (node.is_impure(impure_random=False) and not random)
+    if target not in RECOMPUTABLE_READERS_OF_MUTATED and any(
+        claims.value_of.get(a.name) in mutated for a in reads
+    ):
+        mutates = True  # would read the buffer after forward updated it
+    flops = op_flops(node, sizes)
+    seconds = cost_model.seconds(flops, op_bytes_moved(node, sizes))
+    used = {id(o.meta["val"]) for o in fresh}
+    unused = [t for t in flat_leaves(node.meta.get("val"))
+              if isinstance(t, torch.Tensor) and id(t) not in used and not claims.is_claimed(t)]
+    temp = sum(_storage_nbytes(t, sizes) for t in unused)
+    ins = claims.inputs_of(reads)
+    replays = claims.value_of.get(node.meta.get(RNG_STATE_META, ""), "")  # see frontends.graph_runtime.rng_replay
+    if replays:
+        ins = (*ins, replays)
+    return [Node(
+        name=out.name, kind=NodeKind.OP, phase=phase,
+        bytes=(state_device_bytes(node) if target is RNG_STATE_OP
+               else _op_output_nbytes(node, out.meta["val"], sizes)),
+        inputs=ins, group=node.name, rng_state=replays,
+        cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
+        temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
+        module=module, op=str(target),
+    ) for k, out in enumerate(fresh)]
+
+
+def _graph_outputs(gm: torch.fx.GraphModule, value_of: dict[str, str]):
+    """(forward outputs, user outputs, backward outputs, number of forward outputs), read off the
+    joint graph's output descriptors: gradients are backward outputs, plain outputs the user's."""
     output_node = gm.graph.find_nodes(op="output")[0]
     descs = output_node.meta.get("desc") or [None] * len(output_node.args[0])
     forward_outputs: list[str] = []
@@ -500,13 +550,5 @@ def build_remat_graph(
             forward_outputs.append(value)
             if isinstance(desc, aot_desc.PlainAOTOutput):
                 user_outputs.append(value)
-    first_op = next((i for i, n in enumerate(nodes) if n.is_op), len(nodes))
-    graph = RematGraph(
-        tuple(nodes[:first_op] + constants + nodes[first_op:]),
-        forward_outputs=tuple(dict.fromkeys(forward_outputs)),
-        user_outputs=tuple(dict.fromkeys(user_outputs)),
-        backward_outputs=tuple(dict.fromkeys(backward_outputs)),
-        cost_model=cost_model.name,
-        name=name,
-    )
-    return graph, value_of, num_fwd_outputs
+    return (tuple(dict.fromkeys(forward_outputs)), tuple(dict.fromkeys(user_outputs)),
+            tuple(dict.fromkeys(backward_outputs)), num_fwd_outputs)

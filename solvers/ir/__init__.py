@@ -1,5 +1,6 @@
-"""Layer 0, the torch-free IR: the graph, schedules, the simulator (the one oracle for memory and
-cost), budgets, the allocator model, the lossless reduction, plans and their text.
+"""The IR, the lowest layer of the torch-free core: the graph, schedules, the simulator (the one
+oracle for memory and cost), `Budget`, the allocator model, the lossless reduction, plans and
+their text.
 
-Imports nothing from the other layers (see docs/design.md "Layout"; `tests/test_layers.py` checks it).
+Imports nothing else of the project (see docs/design.md "Layout"; `tests/test_layers.py` checks it).
 """

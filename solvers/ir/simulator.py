@@ -147,12 +147,8 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
     fail for them, in the same order and with the same messages, and skip only those that hold by
     construction; tests/solvers/ir/test_fast_paths.py holds them to the straightforward walk."""
     tables = per_graph(graph, _SimulatorTables)
-    nodes = tables.nodes
-    ops, backward_ops, user_outputs = tables.ops, tables.backward_ops, tables.user_outputs
-    compute_once, replays_rng = tables.compute_once, tables.replays_rng
-    members_of, position = tables.members, tables.position
-    plain, plain_groups = tables.plain, tables.plain_groups
-    freeable, unfreeable = tables.freeable, tables.unfreeable
+    nodes, user_outputs = tables.nodes, tables.user_outputs
+    plain, plain_groups, freeable = tables.plain, tables.plain_groups, tables.freeable
     live: set[str] = set(tables.resident)
     live_bytes = graph.resident_bytes
     peak, peak_step, peak_phase, peak_node = live_bytes, -1, Phase.FORWARD, ""
@@ -175,14 +171,8 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
     i = 0
     while True:  # the forward steps, the boundary, the backward steps
         if i == n_forward:  # the boundary: forward outputs must exist, tangents arrive
-            missing = [o for o in graph.forward_outputs if o not in live]
-            if missing:
-                raise InvalidScheduleError(f"forward ends without outputs {missing[:5]}")
-            boundary_bytes = live_bytes
-            saved = tuple(name for name in tables.saveable if name in live)
-            for t, nbytes in tables.tangents:
-                live.add(t)
-                live_bytes += nbytes
+            boundary_bytes, saved = live_bytes, _saved_at_boundary(graph, tables, live)
+            live_bytes += _tangents_arrive(tables, live)
             if live_bytes > peak:
                 peak, peak_step, peak_phase, peak_node = live_bytes, -1, BACKWARD, ""
             if observe is not None:
@@ -274,12 +264,7 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
             if node is None:
                 fail(i, "unknown value")
             if kind is FREE:
-                if name not in live:
-                    fail(i, "frees a value that is not live")
-                if name in unfreeable:
-                    if name in tables.resident:
-                        fail(i, "parameters and inputs are resident and cannot be freed")
-                    fail(i, "user outputs are held by the caller and cannot be freed")
+                _check_free(tables, live, name, i, fail)
                 live.discard(name)
                 live_bytes -= node.bytes
                 curve.append(live_bytes)
@@ -287,39 +272,10 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
                     observe(i, live_bytes, live, 1)
                 i += 1
                 continue
-            # A compute step runs the whole op: all siblings must follow, in order.
-            if name not in ops:
-                fail(i, f"{node.kind.value} values are given, not computed")
-            members = members_of[name]
-            if name != members[0]:
-                fail(i, f"siblings of {node.group!r} must be computed together, first {members[0]!r}")
+            # Any other compute step (a random or mutating op, a value that is no op): every rule.
+            last_once = _check_compute(tables, steps, i, node, phase, counts, last_once, live, fail)
+            members = tables.members[name]
             width = len(members)
-            if width == 1:  # the run is this step alone, and it names its op's only member
-                if kind is not COMPUTE:
-                    fail(i, f"siblings {list(members)} must be computed in consecutive steps")
-            else:  # each of the next ``width`` steps computes the next member
-                run = steps[i : i + width]
-                if len(run) != width:
-                    fail(i, f"siblings {list(members)} must be computed in consecutive steps")
-                for s, m in zip(run, members):
-                    if s.kind is not COMPUTE or s.node != m:
-                        fail(i, f"siblings {list(members)} must be computed in consecutive steps")
-            if in_forward and name in backward_ops:
-                fail(i, "backward op scheduled in forward")
-            if name in compute_once:
-                if counts.get(name) or phase is not node.phase:
-                    fail(i, "random or mutating op must run exactly once, in its own phase")
-                if position[name] < last_once:
-                    fail(i, "random or mutating ops must keep their original order")
-                last_once = position[name]
-            elif name in replays_rng and not counts.get(name):  # the run that draws from the stream
-                if phase is not FORWARD or position[name] < last_once:
-                    fail(i, "a replayable random op must first run in forward, in the original order "
-                            "of the random and mutating ops")
-                last_once = position[name]
-            for inp in node.inputs:
-                if inp not in live:
-                    fail(i, f"input {inp!r} is not live")
             throwaway = 0  # a user output recomputed with its siblings: the copy is dropped at once
             allocated = 0
             for m in members:
@@ -346,13 +302,7 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
                 observe(i, during, live, width)
             i += width
 
-    missing = [o for o in (*graph.backward_outputs, *graph.user_outputs) if o not in live]
-    if missing:
-        raise InvalidScheduleError(f"backward ends without outputs {missing[:5]}")
-    never = [name for name, once, replays in tables.run_once_rules
-             if (once and counts.get(name, 0) != 1) or (replays and not counts.get(name, 0))]
-    if never:
-        raise InvalidScheduleError(f"random or mutating ops not run exactly once: {never[:5]}")
+    _check_end(graph, tables, live, counts)
     return SimulationResult(
         peak_bytes=peak,
         peak_step=peak_step,
@@ -364,7 +314,99 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
         extra_cost=total_cost - graph.base_cost,
         total_flops=total_flops,
         extra_flops=total_flops - graph.base_flops,
-        recomputed=tuple(sorted([*((k, v) for k, v in counts.items() if v > 1),
-                                 *((k, v) for k, v in Counter(plain_computes).items() if v > 1)])),
+        recomputed=_recomputed(counts, plain_computes),
         live_curve=tuple(curve),
     )
+
+
+Fail = Callable[[int, str], None]
+"""``fail(index, message)``: raise `InvalidScheduleError` naming the step and its phase."""
+
+
+def _saved_at_boundary(graph: RematGraph, tables: _SimulatorTables, live: set[str]) -> tuple[str, ...]:
+    """Forward has ended: its outputs must be live; what else is live is saved for backward."""
+    missing = [o for o in graph.forward_outputs if o not in live]
+    if missing:
+        raise InvalidScheduleError(f"forward ends without outputs {missing[:5]}")
+    return tuple(name for name in tables.saveable if name in live)
+
+
+def _tangents_arrive(tables: _SimulatorTables, live: set[str]) -> int:
+    """The output gradients arrive as backward starts: their bytes."""
+    arrived = 0
+    for t, nbytes in tables.tangents:
+        live.add(t)
+        arrived += nbytes
+    return arrived
+
+
+def _check_free(tables: _SimulatorTables, live: set[str], name: str, index: int, fail: Fail) -> None:
+    """A free of a value that may not be freeable (the fast path took every freeable one)."""
+    if name not in live:
+        fail(index, "frees a value that is not live")
+    if name in tables.unfreeable:
+        if name in tables.resident:
+            fail(index, "parameters and inputs are resident and cannot be freed")
+        fail(index, "user outputs are held by the caller and cannot be freed")
+
+
+def _check_compute(tables: _SimulatorTables, steps, index: int, node, phase: Phase, counts: dict[str, int],
+                   last_once: int, live: set[str], fail: Fail) -> int:
+    """The rules of a compute step the fast paths do not cover (random and mutating ops, and
+    anything not an op): it names an op, its first sibling, with every sibling in the next steps;
+    no backward op in forward; run-once ops once, in their phase and original order; a replayable
+    random op's first run in forward; every input live. Returns the position of the last
+    run-once op run so far."""
+    name = node.name
+    if name not in tables.ops:
+        fail(index, f"{node.kind.value} values are given, not computed")
+    members = tables.members[name]
+    if name != members[0]:
+        fail(index, f"siblings of {node.group!r} must be computed together, first {members[0]!r}")
+    width = len(members)
+    if width == 1:  # the run is this step alone, and it names its op's only member
+        if steps[index].kind is not StepKind.COMPUTE:
+            fail(index, f"siblings {list(members)} must be computed in consecutive steps")
+    else:  # each of the next ``width`` steps computes the next member
+        run = steps[index : index + width]
+        if len(run) != width:
+            fail(index, f"siblings {list(members)} must be computed in consecutive steps")
+        for s, m in zip(run, members):
+            if s.kind is not StepKind.COMPUTE or s.node != m:
+                fail(index, f"siblings {list(members)} must be computed in consecutive steps")
+    if phase is Phase.FORWARD and name in tables.backward_ops:
+        fail(index, "backward op scheduled in forward")
+    position = tables.position
+    if name in tables.compute_once:
+        if counts.get(name) or phase is not node.phase:
+            fail(index, "random or mutating op must run exactly once, in its own phase")
+        if position[name] < last_once:
+            fail(index, "random or mutating ops must keep their original order")
+        last_once = position[name]
+    elif name in tables.replays_rng and not counts.get(name):  # the run that draws from the stream
+        if phase is not Phase.FORWARD or position[name] < last_once:
+            fail(index, "a replayable random op must first run in forward, in the original order "
+                        "of the random and mutating ops")
+        last_once = position[name]
+    for inp in node.inputs:
+        if inp not in live:
+            fail(index, f"input {inp!r} is not live")
+    return last_once
+
+
+def _check_end(graph: RematGraph, tables: _SimulatorTables, live: set[str], counts: dict[str, int]) -> None:
+    """Backward has ended: every output is live, and every run-once op ran exactly once (a
+    replayable random op at least once)."""
+    missing = [o for o in (*graph.backward_outputs, *graph.user_outputs) if o not in live]
+    if missing:
+        raise InvalidScheduleError(f"backward ends without outputs {missing[:5]}")
+    never = [name for name, once, replays in tables.run_once_rules
+             if (once and counts.get(name, 0) != 1) or (replays and not counts.get(name, 0))]
+    if never:
+        raise InvalidScheduleError(f"random or mutating ops not run exactly once: {never[:5]}")
+
+
+def _recomputed(counts: dict[str, int], plain_computes: list[str]) -> tuple[tuple[str, int], ...]:
+    """(value, times computed) for every value computed more than once, by name."""
+    return tuple(sorted([*((k, v) for k, v in counts.items() if v > 1),
+                         *((k, v) for k, v in Counter(plain_computes).items() if v > 1)]))

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, ScheduleTooLongError, SolverOptions, SolverUnavailableError
 from solvers.ir.allocator import AllocatorModel
-from solvers.ir.budget import BudgetError, format_bytes, parse_bytes, resolve_budget
+from solvers.ir.budget import Budget, BudgetError, format_bytes, parse_bytes, resolve_budget
 from solvers.ir.graph import RematGraph
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import simulate
@@ -144,21 +144,24 @@ def parse_sweep(spec: str) -> tuple[str | int, ...]:
         if not items:
             raise BudgetError(f"invalid sweep {spec!r}: give START:STOP:STEP or a comma list of budgets")
         try:
-            for item in items:
-                resolve_budget(item, 1) if item.endswith("%") else parse_bytes(item)
+            budgets = [Budget.of(item) for item in items]
         except BudgetError as err:
             raise BudgetError(f"invalid sweep {spec!r}: {err}") from None
-        return tuple(item if item.endswith("%") else parse_bytes(item) for item in items)
+        return tuple(str(b) if b.is_percentage else b.size_bytes for b in budgets)
     parts = [p.strip() for p in text.split(":")]
     if len(parts) != 3:
         raise BudgetError(f"invalid sweep {spec!r}: a range is START:STOP:STEP, e.g. 20%:100%:10")
     start, stop, step = parts
-    if start.endswith("%") != stop.endswith("%"):
-        raise BudgetError(f"invalid sweep {spec!r}: START and STOP must both be percentages or both sizes")
-    percent = start.endswith("%")
     try:
-        lo, hi = ((Decimal(start[:-1]), Decimal(stop[:-1])) if percent
-                  else (Decimal(parse_bytes(start)), Decimal(parse_bytes(stop))))
+        first, last = Budget.of(start), Budget.of(stop)
+    except BudgetError:
+        raise BudgetError(f"invalid sweep {spec!r}: use numbers like 20%:100%:10 or 1GB:4GB:512MB") from None
+    if first.is_percentage != last.is_percentage:
+        raise BudgetError(f"invalid sweep {spec!r}: START and STOP must both be percentages or both sizes")
+    percent = first.is_percentage
+    try:
+        lo, hi = ((first.percent, last.percent) if percent
+                  else (Decimal(first.size_bytes), Decimal(last.size_bytes)))
         inc = Decimal(step.rstrip("%")) if percent else Decimal(parse_bytes(step))
     except (InvalidOperation, BudgetError):
         raise BudgetError(f"invalid sweep {spec!r}: use numbers like 20%:100%:10 or 1GB:4GB:512MB") from None
