@@ -15,12 +15,24 @@ FakeTensor afterwards):
   decomposition copies ``x``. Removing it saves that copy and makes the captured graph the
   eager step's.
 
+A third makes the traced step slower than eager and costs memory: attention masks that eager
+never builds. Libraries skip the mask when they see at run time that it is plain causal (or
+all-visible) and call SDPA with ``is_causal=True`` and no mask instead; transformers' masking
+code does not take that path while torch.export traces (it cannot know the next batch's padding),
+so the graph builds a dense ``[batch, 1, q, kv]`` mask from ``arange`` and passes it as
+``attn_mask``. That rules out FlashAttention's causal kernels on CUDA, and each recomputed
+attention pays for the mask again. `attention_masks_as_eager` evaluates every mask that no
+input reaches (it is a constant of the shapes) and, where it is exactly SDPA's own causal mask or
+masks nothing, calls SDPA as eager does. A mask that an input reaches (a padding mask) stays.
+
 One is fixed on the joint graph: `untie_batch_norm_backward` (see there).
 """
 
 from __future__ import annotations
 
 import torch
+
+from frontends.torch_compat import OpOverload, tree_map, unset_fake_temporarily
 
 GRAD_OUTPUT_POLICIES = ("losses", "all")
 
@@ -53,6 +65,129 @@ def drop_identity_dropouts(gm: torch.fx.GraphModule) -> int:
     if dropped:
         gm.recompile()
     return dropped
+
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_SDPA_OPTIONAL = ("attn_mask", "dropout_p", "is_causal")
+"""SDPA's arguments after query, key and value, in schema order."""
+_METADATA_CHECK = torch.ops.aten._assert_tensor_metadata.default
+MAX_MASK_ELEMENTS = 1 << 28
+"""A constant mask larger than this (a [8, 1, 4096, 4096] one has 2^27 elements) is not
+evaluated: it stays in the graph, as captured."""
+
+
+def attention_masks_as_eager(gm: torch.fx.GraphModule) -> int:
+    """Call SDPA with ``is_causal=True`` and no mask (or with no mask) where the mask it is given
+    is a constant of the shapes equal to SDPA's own causal mask (to one that masks nothing);
+    returns how many calls changed. The mask's nodes go when nothing else reads them.
+
+    Exact: a mask is rewritten only after its value, computed here from the graph, was compared
+    element by element with ``ones(q, kv).tril()`` (or all-visible). A float mask counts as
+    boolean where it holds only 0 and values at most half the dtype's lowest (``-inf`` or
+    ``finfo.min``, which softmax turns into exact zeros as long as a row keeps a finite entry,
+    and a causal row keeps its diagonal)."""
+    verdicts: dict[torch.fx.Node, str | None] = {}
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        options = _sdpa_options(node)
+        mask = options["attn_mask"]
+        if not isinstance(mask, torch.fx.Node) or options["is_causal"]:
+            continue
+        if mask not in verdicts:
+            verdicts[mask] = _mask_pattern(gm, mask)
+        if verdicts[mask] is None:
+            continue
+        node.args = tuple(node.args[:3])
+        node.kwargs = {**{k: v for k, v in node.kwargs.items() if k not in _SDPA_OPTIONAL},
+                       "attn_mask": None, "dropout_p": options["dropout_p"],
+                       "is_causal": verdicts[mask] == "causal"}
+        changed += 1
+    if changed:
+        _erase_unread(gm, [m for m, verdict in verdicts.items() if verdict is not None])
+        gm.recompile()
+    return changed
+
+
+def _sdpa_options(node: torch.fx.Node) -> dict:
+    defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False}
+    positional = dict(zip(_SDPA_OPTIONAL, node.args[3:6]))
+    return {name: node.kwargs.get(name, positional.get(name, default)) for name, default in defaults.items()}
+
+
+def _mask_pattern(gm: torch.fx.GraphModule, mask: torch.fx.Node) -> str | None:
+    """"causal" (SDPA's own top-left causal mask), "none" (masks nothing) or None (anything
+    else, a mask an input reaches, or one this cannot evaluate)."""
+    fake = mask.meta.get("val")
+    if not isinstance(fake, torch.Tensor) or fake.dim() < 2:
+        return None
+    if not all(isinstance(size, int) for size in fake.shape) or fake.numel() > MAX_MASK_ELEMENTS:
+        return None
+    value = _constant_of_shapes(gm, mask)
+    if value is None:
+        return None
+    if value.dtype == torch.bool:
+        visible = value
+    elif value.is_floating_point():
+        hidden = value <= torch.finfo(value.dtype).min / 2
+        if not ((value == 0) | hidden).all():
+            return None  # a bias (ALiBi, relative positions), not a mask
+        visible = value == 0
+    else:
+        return None
+    if visible.all():
+        return "none"
+    q, kv = visible.shape[-2:]
+    return "causal" if bool((visible == torch.ones(q, kv, dtype=torch.bool).tril()).all()) else None
+
+
+def _constant_of_shapes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
+    """The value of ``node`` computed on the CPU, when it depends on no input, parameter or
+    random op (a mask built from ``arange``); None otherwise. Device arguments become the CPU,
+    so a meta or CUDA capture evaluates the same way and allocates nothing on the device."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    ancestors, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in ancestors:
+            continue
+        if n.op != "call_function" or not isinstance(n.target, OpOverload) \
+                or torch.Tag.nondeterministic_seeded in n.target.tags:
+            return None  # an input, a parameter, a constant of the module, a random or Python op
+        ancestors.add(n)
+        stack.extend(n.all_input_nodes)
+    values: dict[torch.fx.Node, object] = {}
+
+    def on_cpu(x):
+        return torch.device("cpu") if isinstance(x, torch.device) else x
+
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            for n in sorted(ancestors, key=order.__getitem__):
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), values.__getitem__)
+                values[n] = n.target(*tree_map(on_cpu, args), **tree_map(on_cpu, kwargs))
+    except Exception:  # noqa: BLE001 - an op that needs more than shapes: leave the mask as traced
+        return None
+    value = values[node]
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _erase_unread(gm: torch.fx.GraphModule, roots: list[torch.fx.Node]) -> None:
+    """Erase ``roots`` and their ancestors, last first, where nothing reads them any more
+    (only pure ops reach here: `_constant_of_shapes` accepted them). torch.export's checks of a
+    ``.to()``'s result (``_assert_tensor_metadata``) go with the value they check."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    pending = set(roots)
+    while pending:
+        n = max(pending, key=order.__getitem__)
+        pending.discard(n)
+        for check in [u for u in n.users if u.target is _METADATA_CHECK and not u.users]:
+            gm.graph.erase_node(check)
+        if n.users or n.op != "call_function":
+            continue
+        pending.update(n.all_input_nodes)
+        gm.graph.erase_node(n)
 
 
 def untie_batch_norm_backward(gm: torch.fx.GraphModule) -> int:

@@ -32,6 +32,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from frontends.capture.export_passes import (
+    attention_masks_as_eager,
     check_grad_outputs,
     detach_gradient_free_outputs,
     drop_identity_dropouts,
@@ -241,6 +242,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, grad_outputs: str,
             raise CaptureError(_explain_trace_failure(err)) from err
         forward = exported.module()
         drop_identity_dropouts(forward)
+        attention_masks_as_eager(forward)
         keep_only_losses(forward, outputs)  # before the split: a dropped logits tensor needs no concatenation
         mlps = split_mlps(forward, split_mlp)
         splits = split_head_rows(forward, split_rows)  # before detaching: it reads the loss outputs
