@@ -308,6 +308,10 @@ class CheckpointedForward(_InstanceForward):
                     "remat_backend, which plans the compiled graph")
             return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
                               context_fn=functools.partial(_policy_contexts, self.region.save), **kwargs)
+        if not self.region.save and not self._freeze:
+            # Saves nothing: plain checkpoint. A policy would send every op of the region through
+            # a Python dispatch mode only to answer "recompute" (per-block checkpointing's cost).
+            return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         seen: list[_Policy] = []
         out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=functools.partial(_policy_contexts, self.region.save, seen,

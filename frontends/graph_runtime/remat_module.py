@@ -119,6 +119,19 @@ def compile_step(captured: CapturedStep, plan: Plan) -> CompiledStep:
                         dict(captured.kwarg_overrides))  # use_cache=False: see hf_training
 
 
+def _owned(modules: dict[str, torch.nn.Module], name: str, table: str) -> torch.Tensor:
+    """The parameter (``table="_parameters"``) or buffer named ``name``, from its owner."""
+    owner, _, attribute = name.rpartition(".")
+    value = getattr(modules[owner], table).get(attribute) if owner in modules else None
+    if value is None:
+        raise KeyError(f"{'parameter' if table == '_parameters' else 'buffer'} {name!r}")
+    return value
+
+
+def _tensor_signature(tensors: list[torch.Tensor]) -> list[tuple]:
+    return [(t.shape, t.dtype, t.device) for t in tensors]
+
+
 class RematModule(torch.nn.Module):
     """``model`` with ``plan`` applied to its training step."""
 
@@ -131,7 +144,7 @@ class RematModule(torch.nn.Module):
         self._param_names = captured.param_names
         self._buffer_names = captured.buffer_names
         self._signature = input_signature((tuple(example_args), dict(example_kwargs or {})))
-        self._param_signature = self._current_param_signature()
+        self._param_signature = _tensor_signature(self._state_tensors())
         self._planned = compile_step(captured, plan)
         self._planned_graph = captured.graph
         self._shapes = shapes
@@ -167,27 +180,33 @@ class RematModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
             return self.model(*args, **kwargs)  # nothing to save: the original module
-        check_no_sharded_submodules(self.model)  # fully_shard inside: its hooks would never run
-        self._check_parameters()
+        tensors = self._state_tensors(check_sharding=True)
+        if _tensor_signature(tensors) != self._param_signature:
+            raise InputMismatchError(
+                "parameters changed shape, dtype or device since planning: call optimize() again")
         step = self._step_for(args, kwargs)
-        tensors = [self.model.get_parameter(n) for n in self._param_names]
-        tensors += [self.model.get_buffer(n) for n in self._buffer_names]
         outputs = step.function(*tensors, *args, **{**kwargs, **step.kwarg_overrides})
         if not step.gradient_free_outputs:
             return outputs
         flat, spec = tree_flatten(outputs)
         return tree_unflatten(guard_gradient_free(flat, step.gradient_free_outputs), spec)
 
-    def _current_param_signature(self) -> tuple:
-        tensors = [self.model.get_parameter(n) for n in self._param_names]
-        tensors += [self.model.get_buffer(n) for n in self._buffer_names]
-        return input_signature(tensors)
-
-    def _check_parameters(self) -> None:
-        if self._current_param_signature() != self._param_signature:
-            raise InputMismatchError(
-                "parameters changed shape, dtype or device since planning: call optimize() again"
-            )
+    def _state_tensors(self, check_sharding: bool = False) -> list[torch.Tensor]:
+        """The parameters and buffers the step reads, by name, found in one walk of the module
+        tree (read afresh each call: a replaced submodule or parameter is seen). One
+        ``get_parameter`` per name walked the tree once per tensor: 8 ms a call on a 12-layer
+        GPT-2 of 149 parameters, against 0.3 ms for the walk. ``check_sharding`` refuses
+        FSDP-wrapped submodules on the same walk (their hooks would never run)."""
+        modules = dict(self.model.named_modules(remove_duplicate=False))
+        if check_sharding:
+            check_no_sharded_submodules(self.model, modules.items())
+        try:
+            tensors = [_owned(modules, name, "_parameters") for name in self._param_names]
+            tensors += [_owned(modules, name, "_buffers") for name in self._buffer_names]
+        except KeyError as missing:
+            raise InputMismatchError(f"{missing.args[0]} is no longer in the model the plan was made for: "
+                                     "call optimize() again") from None
+        return tensors
 
     def _step_for(self, args: tuple, kwargs: dict) -> CompiledStep:
         """The compiled step for these inputs' sizes: the planned one, or a variant of it."""

@@ -4,6 +4,8 @@ sharded (capture and the remat module both check, so neither runs a graph whose 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 
@@ -12,11 +14,13 @@ class ShardedSubmoduleError(ValueError):
     """``fully_shard`` (or FSDP1) was applied inside the model a remat module runs."""
 
 
-def check_no_sharded_submodules(model: torch.nn.Module) -> None:
+def check_no_sharded_submodules(model: torch.nn.Module,
+                                named_modules: Iterable[tuple[str, torch.nn.Module]] | None = None) -> None:
     """Refuse a model with FSDP-wrapped modules inside: the remat module runs one captured
     graph and never calls their ``forward``, so their hooks would never all-gather the
     parameters (the step would read shards, or fail). Sharding the remat module as a whole
-    (``fully_shard(rm)``) is honoured."""
+    (``fully_shard(rm)``) is honoured. ``named_modules``: the model's, when the caller has
+    walked the tree already."""
     if not dist.is_available():  # a torch built without distributed has no FSDP
         return
     from torch.distributed.fsdp import (  # heavy: FSDP, only to recognise sharded modules
@@ -24,7 +28,8 @@ def check_no_sharded_submodules(model: torch.nn.Module) -> None:
         FullyShardedDataParallel,
     )
 
-    wrapped = [name or "the model itself" for name, module in model.named_modules()
+    modules = model.named_modules() if named_modules is None else named_modules
+    wrapped = [name or "the model itself" for name, module in modules
                if isinstance(module, (FSDPModule, FullyShardedDataParallel))]
     if wrapped:
         shown = ", ".join(repr(n) for n in wrapped[:3]) + (" ..." if len(wrapped) > 3 else "")

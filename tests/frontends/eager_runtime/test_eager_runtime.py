@@ -19,6 +19,7 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
+from frontends.eager_runtime import eager_checkpoint
 from frontends.eager_runtime.eager_checkpoint import recomputes_batch_norm
 from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
 from optimizer.checkpointing import (
@@ -425,6 +426,27 @@ def test_cli_emits_an_eager_plan(tmp_path):
     plan = load_checkpointing(model, out)
     assert plan.regions and plan.runtime == "eager"
     assert main([example_path("gpt"), "--budget", "70%", "--emit", str(out)]) == EXIT_USAGE
+
+
+def test_regions_that_save_nothing_run_without_a_policy(gpt_plan, monkeypatch):
+    """Plain checkpoint for a region that keeps nothing: no selective-checkpoint policy, whose
+    dispatch mode would see every op of the region (its Python cost is per op). Regions that
+    keep something still get one policy per call; gradients stay eager's."""
+    _, inputs, plan, path = gpt_plan
+    saving = [r for r in plan.regions if r.save]
+    assert saving and len(saving) < len(plan.regions), "the 65% plan should mix both kinds of region"
+    policies = []
+    real = eager_checkpoint._policy_contexts
+    monkeypatch.setattr(eager_checkpoint, "_policy_contexts",
+                        lambda *args, **kwargs: policies.append(args[0]) or real(*args, **kwargs))
+    model, _ = load_example("gpt", torch.float64)
+    reference = copy.deepcopy(model)
+    load_checkpointing(model, path)
+    loss, grads = _grads(model, inputs)
+    assert sorted(policies) == sorted(r.save for r in saving)
+    ref_loss, ref_grads = _grads(reference, inputs)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)
+    assert max_relative_error(grads, ref_grads) < 1e-10
 
 
 def test_torch_compile_runs_the_checkpointed_model(gpt_plan):

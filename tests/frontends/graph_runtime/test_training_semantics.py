@@ -159,6 +159,25 @@ def test_changed_input_dtype_or_a_static_plan_is_a_clear_error():
         static(inputs[0][:5], inputs[1][:5])
 
 
+def test_each_call_reads_the_parameters_the_model_holds_now():
+    """Parameters are looked up afresh every call (one walk of the module tree): a replaced
+    parameter of the same shape trains, one of another shape or a removed one is a clear error."""
+    model, inputs, rm = _plan("mlp", MLP_BUDGET)
+    first = next(n for n, _ in rm.model.named_parameters())
+    owner_path, _, attribute = first.rpartition(".")
+    owner = rm.model.get_submodule(owner_path)
+    replacement = torch.nn.Parameter(getattr(owner, attribute).detach() * 2)
+    setattr(owner, attribute, replacement)
+    loss_of(rm(*inputs)).backward()
+    assert replacement.grad is not None  # the new tensor, not the one planned with
+    setattr(owner, attribute, torch.nn.Parameter(torch.zeros(3, dtype=replacement.dtype)))
+    with pytest.raises(InputMismatchError, match="parameters changed shape"):
+        rm(*inputs)
+    del owner._parameters[attribute]
+    with pytest.raises(InputMismatchError, match=f"parameter '{first}' is no longer in the model"):
+        rm(*inputs)
+
+
 def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
     from frontends.capture.costed_capture import capture_with_costs
     from frontends.graph_runtime.remat_module import RematModule

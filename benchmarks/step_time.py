@@ -1,0 +1,248 @@
+"""Step time at the same memory: remat-opt against what users would pick instead.
+
+Per model, side by side in one process: plain autograd; per-block checkpointing
+(``torch.utils.checkpoint``, non-reentrant: Hugging Face's ``gradient_checkpointing_enable``,
+or a wrapper around each block for the vision model); the same blocks with a hand-written
+selective-checkpoint policy that saves matmul and convolution outputs ("SAC save matmuls");
+and remat-opt's graph runtime (at store-all and at per-block checkpointing's measured peak)
+and eager runtime (at that peak, or the smallest budget it accepts, shown). Each strategy is a
+copy of the same weights. Peaks are measured by `frontends.measure.step.measure_step` (CPU:
+live tensor storages plus resident; CUDA: ``max_memory_allocated``); step times are medians of
+interleaved rounds (every strategy once per round, in turn), so machine noise hits all alike.
+
+Not here: ``torch.compile`` strategies (PyTorch's ``activation_memory_budget``, remat-opt's
+``remat_backend``). On the CPU, Inductor's kernels allocate outside the dispatcher, so their peak
+cannot be measured the way the others' is; `benchmarks/vs_pytorch.py` compares the min-cut
+partitioner's memory and FLOPs instead.
+
+    python benchmarks/step_time.py [--models gpt2,llama,resnet] [--rounds 15] [--threads 1]
+        [--device cpu|cuda] [--dtype float32|bfloat16] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vs_pytorch_peers import wrap_blocks  # noqa: E402
+
+from frontends.capture.model_file import load_model_file  # noqa: E402
+from frontends.measure.step import measure_step  # noqa: E402
+from optimizer import InfeasibleBudgetError, apply_checkpointing, optimize  # noqa: E402
+
+aten = torch.ops.aten
+_SAVED_BY_SAC = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default,
+                 aten._scaled_dot_product_flash_attention_for_cpu.default,
+                 aten._scaled_dot_product_flash_attention.default,
+                 aten._scaled_dot_product_efficient_attention.default}
+
+
+def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_BY_SAC else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_context():
+    return create_selective_checkpoint_contexts(_save_matmuls)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model to copy per strategy, its call, and how to checkpoint a copy per block."""
+
+    name: str
+    description: str
+    model: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    per_block: Callable[[torch.nn.Module, bool], torch.nn.Module]
+    """``per_block(copy, selective)``: the copy checkpointed per block (with SAC when selective)."""
+
+
+@dataclass
+class Strategy:
+    label: str
+    module: torch.nn.Module
+    predicted_peak: int | None = None
+    budget_note: str = ""
+    measured_peak: int = 0
+    times: list[float] | None = None
+
+
+def _hf_per_block(model: torch.nn.Module, selective: bool) -> torch.nn.Module:
+    options = {"use_reentrant": False}
+    if selective:
+        options["context_fn"] = _sac_context
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+    return model
+
+
+def _transformers_workloads(names: list[str], dtype: torch.dtype, device: torch.device) -> list[Workload]:
+    import transformers  # optional: only these workloads need it
+
+    transformers.logging.set_verbosity_error()
+    out = []
+    tokens = torch.randint(1, 1024, (8, 256), generator=torch.Generator().manual_seed(0)).to(device)
+    batch = {"input_ids": tokens, "labels": tokens}
+    if "gpt2" in names:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
+                                         attn_implementation="sdpa")
+        model = transformers.GPT2LMHeadModel(config).to(device, dtype).train()
+        out.append(Workload("gpt2", f"transformers GPT-2 4 x 256 (dropout 0.1), batch 8 x 256, {_name(dtype)}",
+                            model, (), batch, _hf_per_block))
+    if "llama" in names:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=8,
+                                          num_key_value_heads=2, intermediate_size=704, vocab_size=1024,
+                                          attn_implementation="sdpa")
+        model = transformers.LlamaForCausalLM(config).to(device, dtype).train()
+        out.append(Workload("llama", f"transformers Llama 4 x 256 (GQA 8/2, SwiGLU 704), batch 8 x 256, "
+                            f"{_name(dtype)}", model, (), batch, _hf_per_block))
+    return out
+
+
+def _resnet_workload(dtype: torch.dtype, device: torch.device) -> Workload:
+    path = Path(__file__).resolve().parent.parent / "examples" / "resnet.py"
+    model, inputs = load_model_file(str(path))
+    inputs = tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device) for x in inputs)
+    return Workload("resnet", f"examples/resnet.py, batch {inputs[0].shape[0]}, {_name(dtype)}",
+                    model.to(device, dtype).train(), inputs, {},
+                    lambda m, selective: wrap_blocks(m, "resnet", selective=selective))
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _strategies(work: Workload, time_limit: float, log: Callable[[str], None]) -> list[Strategy]:
+    """Plain, per-block, SAC; then remat-opt at per-block's measured peak."""
+    def fresh() -> torch.nn.Module:
+        return copy.deepcopy(work.model)
+
+    strategies = [Strategy("plain autograd", fresh()),
+                  Strategy("per-block checkpoint", work.per_block(fresh(), False)),
+                  Strategy("SAC, save matmuls", work.per_block(fresh(), True))]
+    for s in strategies:
+        s.measured_peak = _peak(s.module, work)
+    budget = strategies[1].measured_peak
+    start = time.perf_counter()
+    rm = optimize(fresh(), work.args, "100%", example_kwargs=work.kwargs, solver="store-all")
+    strategies.append(Strategy("remat-opt graph, store-all", rm, rm.plan.predicted_peak_bytes))
+    rm = optimize(fresh(), work.args, budget, example_kwargs=work.kwargs, time_limit=time_limit)
+    strategies.append(Strategy("remat-opt graph, at per-block's peak", rm, rm.plan.predicted_peak_bytes))
+    log(f"{work.name}: graph runtime planned in {time.perf_counter() - start:.1f} s")
+    eager = fresh()
+    try:
+        plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False, time_limit=time_limit)
+        note = ""
+    except InfeasibleBudgetError as err:
+        smallest = err.smallest_feasible_bytes or _smallest_eager(work, budget, time_limit)
+        plan = apply_checkpointing(eager, work.args, work.kwargs, budget=smallest, compare=False,
+                                   time_limit=time_limit)
+        note = f"refused per-block's peak; at {smallest:,} B (+{smallest - budget:,})"
+    strategies.append(Strategy("remat-opt eager runtime, at per-block's peak", eager,
+                               plan.predicted_peak_bytes, note))
+    for s in strategies[3:]:
+        s.measured_peak = _peak(s.module, work)
+    return strategies
+
+
+def _smallest_eager(work: Workload, budget: int, time_limit: float) -> int:
+    """The eager runtime's smallest accepted budget above ``budget``, in 0.5% steps."""
+    for step in range(1, 41):
+        trial = int(budget * (1 + 0.005 * step))
+        try:
+            apply_checkpointing(copy.deepcopy(work.model), work.args, work.kwargs, budget=trial, compare=False,
+                                time_limit=time_limit)
+            return trial
+        except InfeasibleBudgetError:
+            continue
+    raise RuntimeError("the eager runtime accepts no budget within 20% of per-block checkpointing's peak")
+
+
+def _peak(module: torch.nn.Module, work: Workload) -> int:
+    gc.collect()
+    return measure_step(module, work.args, work.kwargs, warmup=1, repeats=1).peak_bytes
+
+
+def _step(module: torch.nn.Module, work: Workload, device: torch.device) -> float:
+    for p in module.parameters():
+        p.grad = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = module(*work.args, **work.kwargs)
+    loss = out.loss if hasattr(out, "loss") else out[0] if isinstance(out, (tuple, list)) else out
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def run(work: Workload, rounds: int, time_limit: float, device: torch.device, log) -> list[str]:
+    strategies = _strategies(work, time_limit, log)
+    for s in strategies:
+        _step(s.module, work, device)  # warm-up
+        s.times = []
+    for _ in range(rounds):
+        for s in strategies:
+            s.times.append(_step(s.module, work, device))
+    reference = statistics.median(strategies[1].times)
+    rows = [f"\n**{work.description}** (budget: per-block checkpointing's measured peak, "
+            f"{strategies[1].measured_peak:,} B)\n",
+            "| strategy | measured peak (B) | predicted peak (B) | median step (ms) | vs per-block | note |",
+            "|---|---:|---:|---:|---:|---|"]
+    for s in strategies:
+        median = statistics.median(s.times)
+        predicted = f"{s.predicted_peak:,}" if s.predicted_peak is not None else ""
+        rows.append(f"| {s.label} | {s.measured_peak:,} | {predicted} | {median * 1e3:.1f} | "
+                    f"{median / reference:.3f}x | {s.budget_note} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,llama,resnet")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--time-limit", type=float, default=20.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    names = args.models.split(",")
+    workloads = _transformers_workloads(names, dtype, device)
+    if "resnet" in names:
+        workloads.append(_resnet_workload(dtype, device))
+    lines = [f"Command: `python benchmarks/step_time.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+             f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} thread(s), "
+             f"device {device}, {args.rounds} interleaved rounds"]
+    for work in workloads:
+        table = run(work, args.rounds, args.time_limit, device, lambda m: print(m, file=sys.stderr))
+        print("\n".join(table), file=sys.stderr)
+        lines += table
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
