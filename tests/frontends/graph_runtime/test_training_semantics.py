@@ -189,3 +189,38 @@ def test_a_capture_builds_one_module_and_a_second_use_says_what_to_do() -> None:
     RematModule(model, captured, plan, inputs)
     with pytest.raises(ValueError, match="capture the model again"):
         RematModule(model, captured, plan, inputs)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_bf16_gradients_are_eagers_bitwise(family):
+    """In bfloat16 the captured step runs eager's kernels in eager's order: the loss and every
+    gradient equal eager's bit for bit, at store-all and with recomputation (a recomputed value
+    is the forward's, bit for bit). Two exceptions, both rounding (docs/limits.md): on the CPU,
+    eager's dropout multiplies by a bf16-rounded 1/(1-p) where the graph's ``native_dropout``
+    (eager's CUDA kernel) scales in float; and grouped keys/values (GQA): AOTAutograd writes the
+    backward of SDPA's ``repeat_interleave`` as a sum over the group where eager adds slices.
+    So: no dropout, as many key/value heads as query heads."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                         attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                          num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                                          attn_implementation="sdpa")
+        model = transformers.LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16).train()
+    ids = torch.randint(1, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids}
+    reference = copy.deepcopy(model)
+    reference(**batch).loss.backward()
+    for budget, solver in (("100%", "store-all"), ("75%", "auto")):
+        rm = optimize(copy.deepcopy(model), (), budget, example_kwargs=batch, solver=solver, time_limit=5)
+        assert (solver == "store-all") != bool(rm.plan.recomputed)
+        rm(**batch).loss.backward()
+        for (name, p), q in zip(reference.named_parameters(), rm.model.parameters()):
+            assert torch.equal(p.grad, q.grad), f"{name} at {budget}"
