@@ -23,7 +23,10 @@ so the graph builds a dense ``[batch, 1, q, kv]`` mask from ``arange`` and passe
 ``attn_mask``. That rules out FlashAttention's causal kernels on CUDA, and each recomputed
 attention pays for the mask again. `attention_masks_as_eager` evaluates every mask that no
 input reaches (it is a constant of the shapes) and, where it is exactly SDPA's own causal mask or
-masks nothing, calls SDPA as eager does. A mask that an input reaches (a padding mask) stays.
+masks nothing, calls SDPA as eager does: with no mask, and where the keys and values were
+repeated for grouped-query attention (``repeat_kv``) only because a mask was passed, with the
+grouped heads and ``enable_gqa`` (the repeated copies were saved for backward: 3 MiB a layer
+on a small Llama). A mask that an input reaches (a padding mask) stays.
 
 One is fixed on the joint graph: `untie_batch_norm_backward` (see there).
 """
@@ -99,15 +102,67 @@ def attention_masks_as_eager(gm: torch.fx.GraphModule) -> int:
             verdicts[mask] = _mask_pattern(gm, mask)
         if verdicts[mask] is None:
             continue
-        node.args = tuple(node.args[:3])
+        query, key, value = node.args[:3]
+        grouped = _grouped_heads(query, key, value) if not node.kwargs.get("enable_gqa") else None
+        if grouped is not None:  # as eager: no mask, so SDPA reads the grouped heads itself
+            (key, value), repeats = grouped, [key, value]
+        node.args = (query, key, value)
         node.kwargs = {**{k: v for k, v in node.kwargs.items() if k not in _SDPA_OPTIONAL},
                        "attn_mask": None, "dropout_p": options["dropout_p"],
-                       "is_causal": verdicts[mask] == "causal"}
+                       "is_causal": verdicts[mask] == "causal", **({"enable_gqa": True} if grouped else {})}
+        if grouped is not None:
+            _erase_unread(gm, repeats)
         changed += 1
     if changed:
         _erase_unread(gm, [m for m, verdict in verdicts.items() if verdict is not None])
         gm.recompile()
     return changed
+
+
+_REPEAT_STEPS = (torch.ops.aten.reshape.default, torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default)
+MAX_GROUPED_HEAD_DIM = 256
+"""transformers lets SDPA group heads itself only up to this head size (``use_gqa_in_sdpa``)."""
+
+
+def _grouped_heads(query: torch.fx.Node, key: torch.fx.Node, value: torch.fx.Node):
+    """``(key', value')`` when key and value are ``repeat_kv`` of key'/value' (unsqueeze at
+    dim 2, expand, reshape: each head repeated in place, as ``repeat_interleave(dim=1)``) by the
+    same factor, else None. transformers repeats them only because a mask was passed (SDPA's
+    ``enable_gqa`` needs none on CUDA); run eagerly without the mask, it passes the grouped heads
+    with ``enable_gqa=True``, and the repeated copies are never made or saved."""
+    sources = [_repeated_from(t) for t in (key, value)]
+    if any(s is None for s in sources) or sources[0][1] != sources[1][1]:
+        return None
+    (k, repeat), (v, _) = sources
+    head_dims = {t.meta["val"].shape[-1] for t in (k, v)}
+    if len(head_dims) != 1 or head_dims.pop() > MAX_GROUPED_HEAD_DIM:
+        return None
+    if query.meta["val"].shape[-3] != k.meta["val"].shape[-3] * repeat:
+        return None
+    return (k, v)
+
+
+def _repeated_from(node: object) -> tuple[torch.fx.Node, int] | None:
+    """(x, r) when ``node`` is ``x[:, :, None].expand(b, h, r, s, d).reshape(b, h * r, s, d)``."""
+    chain = [node]
+    for op in _REPEAT_STEPS:
+        current = chain[-1]
+        if not isinstance(current, torch.fx.Node) or current.target is not op:
+            return None
+        chain.append(current.args[0])
+    reshape, expand, unsqueeze, source = chain
+    if unsqueeze.args[1] != 2 or not isinstance(source, torch.fx.Node):
+        return None
+    x, out = source.meta.get("val"), reshape.meta.get("val")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not isinstance(out, torch.Tensor):
+        return None
+    sizes = list(expand.args[1])
+    b, h, s, d = x.shape
+    if len(sizes) != 5 or not all(isinstance(n, int) for n in sizes) or sizes[:2] != [b, h] or sizes[3:] != [s, d]:
+        return None
+    if list(out.shape) != [b, h * sizes[2], s, d]:
+        return None
+    return source, sizes[2]
 
 
 def _sdpa_options(node: torch.fx.Node) -> dict:

@@ -25,18 +25,19 @@ _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 class _AttentionCalls(TorchDispatchMode):
     """Records each SDPA kernel dispatched (forward and backward): its name, whether it was given
-    a mask, and ``is_causal``."""
+    a mask, ``is_causal``, and the key's shape (grouped heads or repeated ones)."""
 
     def __init__(self):
         super().__init__()
-        self.calls: list[tuple[str, bool, bool]] = []
+        self.calls: list[tuple[str, bool, bool, tuple]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if "scaled_dot_product" in func.name():
             schema = [a.name for a in func._schema.arguments]
             bound = {**dict(zip(schema, args)), **kwargs}
-            self.calls.append((func.name(), bound.get("attn_mask") is not None, bool(bound.get("is_causal"))))
+            self.calls.append((func.name(), bound.get("attn_mask") is not None, bool(bound.get("is_causal")),
+                               tuple(bound["key"].shape)))
         return func(*args, **kwargs)
 
 
@@ -96,7 +97,7 @@ def test_the_graph_runtime_calls_the_attention_kernels_eager_calls(name):
     assert bool(eager.calls) != (name in OWN_ATTENTION), eager.calls
     assert sorted(graph.calls) == sorted(eager.calls)
     if name in CAUSAL:
-        assert all(is_causal and not has_mask for _, has_mask, is_causal in eager.calls)
+        assert all(is_causal and not has_mask for _, has_mask, is_causal, _ in eager.calls)
     assert max_relative_error(graph_grads, eager_grads) < 1e-10
 
 
