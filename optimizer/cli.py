@@ -97,9 +97,11 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                              "allocator rounding, and NAME's memory as the default budget "
                              "(h100, h200, a100-80gb, a100-40gb, l4, rtx4090, v100, t4, cpu-nominal)")
     parser.add_argument("--cost-model", metavar="MODEL",
-                        help="flops (default: time on a nominal roofline), flop-count (minimize counted "
-                             "FLOPs, as FlopCounterMode counts them), roofline:<device>, or profile "
-                             "(time each op here)")
+                        help="auto (default: device for a model on a GPU, else flops), device (time on "
+                             "the model's device: its datasheet roofline on a GPU, rates measured here "
+                             "on the CPU, plus a cost per kernel), flops (time on a nominal roofline), "
+                             "flop-count (minimize counted FLOPs, as FlopCounterMode counts them), "
+                             "roofline:<device>, or profile (time each op here)")
     parser.add_argument("--grad-outputs", choices=("losses", "all"), default="losses",
                         help="losses (default): a model returning a scalar loss next to other "
                              "outputs is planned for loss.backward(); all: backward may start "
@@ -353,7 +355,7 @@ def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, spli
     if args.emit:
         _check_writable(args.emit)
     request = _request(budget, "remat-opt --runtime eager", EAGER_SETTINGS, time_limit=args.time_limit,
-                       cost_model=cost_model or "flops", grad_outputs=args.grad_outputs,
+                       cost_model=cost_model or "auto", grad_outputs=args.grad_outputs,
                        python_side_effects=args.python_side_effects, split_mlp=split_mlp)
     with _planning_errors(budget):
         plan = apply_checkpointing(model, inputs, budget=request)
@@ -529,7 +531,7 @@ def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, a
 
 def _device_settings(args: argparse.Namespace):
     """Budget, cost model and allocator from --budget, --device and --cost-model."""
-    cost_model = args.cost_model or "flops"
+    cost_model = args.cost_model or "auto"
     allocator = None
     budget = _budget(args) if args.budget is not None else None
     if args.device:
@@ -541,10 +543,10 @@ def _device_settings(args: argparse.Namespace):
         allocator = AllocatorModel()
         if budget is None:
             budget = device.memory_bytes
-    from frontends.measure.costs import cost_model_from_name  # heavy: torch, not imported for --help or a usage error
+    from frontends.measure.costs import check_cost_model_name  # heavy: torch, not imported for --help or a usage error
 
     try:
-        cost_model_from_name(cost_model)
+        check_cost_model_name(cost_model)
     except ValueError as err:
         raise CliError(str(err), EXIT_USAGE) from None
     return budget, cost_model, allocator

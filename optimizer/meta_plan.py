@@ -57,7 +57,7 @@ def plan_without_hardware(
     *,
     solver: str = "hierarchical",
     time_limit: float = 60.0,
-    cost_model: str = "flops",
+    cost_model: str = "auto",
     verbose: bool = False,
     name: str = "model",
     allocator=None,

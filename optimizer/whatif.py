@@ -65,7 +65,7 @@ class WhatIfRequest:
     solver: str = "auto"
     """The solver behind the ``remat-opt`` strategy."""
     options: SolverOptions = SolverOptions()
-    cost_model: str = "flops"
+    cost_model: str = "auto"
     allocator: AllocatorModel | None = None
     device: str | None = None
     dtype: str | None = None

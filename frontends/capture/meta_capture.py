@@ -29,7 +29,7 @@ class MetaCapturer:
     """Captures the model's training step at any batch size on the meta device (cached)."""
 
     def __init__(self, model, inputs: tuple, *, batch_dim: int | None = None, dtype: str | None = None,
-                 cost_model: str = "flops") -> None:
+                 cost_model: str = "auto") -> None:
         self.dtype = torch_dtype(dtype)
         self.cost_model = cost_model
         self.model = meta_copy(model)

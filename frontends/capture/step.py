@@ -511,7 +511,7 @@ def _op_values(node: torch.fx.Node, fresh: list[torch.fx.Node], reads: list[torc
     ):
         mutates = True  # would read the buffer after forward updated it
     flops = op_flops(node, sizes)
-    seconds = cost_model.seconds(flops, op_bytes_moved(node, sizes))
+    seconds = cost_model.op_seconds(node, flops, op_bytes_moved(node, sizes))
     used = {id(o.meta["val"]) for o in fresh}
     unused = [t for t in flat_leaves(node.meta.get("val"))
               if isinstance(t, torch.Tensor) and id(t) not in used and not claims.is_claimed(t)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from frontends.compile.compile_split import backend_split_choices
 from frontends.compile.inductor_fit import FITS
-from frontends.measure.costs import cost_model_from_name
+from frontends.measure.costs import check_cost_model_name
 from frontends.torch_compat import inductor_get_cpp_compiler
 from solvers.planning.request import PlanRequest
 
@@ -62,7 +62,7 @@ class CompileSettings:
         if request.cost_model.strip().lower() == "profile":
             raise ValueError("cost_model='profile' needs the real model: use 'flops' or "
                              "'roofline:<device>' with torch.compile")
-        cost_model_from_name(request.cost_model)
+        check_cost_model_name(request.cost_model)
         if compiler == "auto":
             compiler = "inductor" if inductor_available() else "eager"
         if fit is not None:

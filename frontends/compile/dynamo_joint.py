@@ -97,10 +97,12 @@ class JointReader:
 
     def cost_model(self, gm: torch.fx.GraphModule) -> CostModel:
         """The cost model at the joint graph's most common floating dtype."""
-        dtypes = [n.meta["val"].dtype for n in gm.graph.find_nodes(op="placeholder")
-                  if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()]
+        values = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")
+                  if isinstance(n.meta.get("val"), torch.Tensor)]
+        dtypes = [v.dtype for v in values if v.is_floating_point()]
         dtype = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
-        return cost_model_from_name(self.cost_model_name, dtype=dtype)
+        device = values[0].device if values else None
+        return cost_model_from_name(self.cost_model_name, dtype=dtype, device=device)
 
     @staticmethod
     def prepare(joint_module: torch.fx.GraphModule) -> None:

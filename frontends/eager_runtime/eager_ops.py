@@ -31,7 +31,7 @@ from solvers.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_aut
 
 
 def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
-                      cost_model: str = "flops", grad_outputs: str = "losses",
+                      cost_model: str = "auto", grad_outputs: str = "losses",
                       python_side_effects: str | None = None) -> CapturedStep:
     """`frontends.capture.costed_capture.capture_with_costs`, without the graph runtime's RNG-state
     values: eager checkpoint replays the generator itself, so they have no eager counterpart."""

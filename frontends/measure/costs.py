@@ -7,10 +7,19 @@ recomputing a cheap-but-large op is not free. ``flops`` prices ops at a nominal 
 GPU can be made on a laptop; ``profile`` stands for measured times (`frontends.measure.profile`).
 ``flop-count`` is not a roofline: it prices an op by the FLOPs torch's ``FlopCounterMode``
 counts, so pointwise recomputation is (nearly) free, for users whose budget is FLOPs, not time.
+
+``device`` prices time on the device the model lives on (`device_model`): on a GPU the
+datasheet roofline of the one CUDA names, on the CPU rates measured here once per process
+(`calibrated_cpu_model`); both add a fixed cost per kernel (a launch) and price a causal SDPA
+kernel at half its FLOPs (flash and memory-efficient kernels skip the masked half). ``auto`` (the
+default) is ``device`` for a model on a GPU and ``flops`` elsewhere, so CPU plans stay the same
+on every machine.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,7 +28,7 @@ from torch.utils.flop_counter import flop_registry
 
 from frontends.capture.fx_leaves import flat_leaves
 from frontends.capture.symbolic_sizes import SymbolSizes
-from frontends.measure.devices import DEVICES, get_device
+from frontends.measure.devices import DEVICES, device_of_product, get_device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +46,22 @@ class CostModel:
     bytes_weight: float | None = None
     """None: a roofline. A number: FLOP-count pricing, ``FLOPs / peak + bytes_weight * bytes /
     bandwidth``, where the small byte term only breaks ties between ops with no counted FLOPs."""
+    launch_s: float = 0.0
+    """Fixed seconds per kernel (a GPU launch, a CPU op's dispatch): many small recomputed ops
+    cost more than their bytes say."""
+    causal_attention: bool = False
+    """Price a causal SDPA kernel (``is_causal=True``, square) at half its counted FLOPs."""
 
     def seconds(self, flops: float, bytes_moved: float) -> float:
         if self.bytes_weight is not None:
             return flops / self.peak_flops + self.bytes_weight * bytes_moved / self.bandwidth
-        return max(flops / self.peak_flops, bytes_moved / self.bandwidth)
+        return max(flops / self.peak_flops, bytes_moved / self.bandwidth) + self.launch_s
+
+    def op_seconds(self, node: torch.fx.Node, flops: float, bytes_moved: float) -> float:
+        """`seconds` of one op of a captured graph, by kernel where the model knows it."""
+        if self.causal_attention and is_square_causal_attention(node):
+            flops /= 2
+        return self.seconds(flops, bytes_moved)
 
     def describe(self) -> str:
         if self.bytes_weight is not None:
@@ -49,7 +69,10 @@ class CostModel:
                     f"counts them, + {self.bytes_weight:g} x bytes / {self.bandwidth:.3g} B/s to break ties)")
         if self.measured:
             return f"{self.name} (per-op times measured on the device the module lives on)"
-        return f"{self.name} (max(FLOPs / {self.peak_flops:.3g} FLOP/s, bytes / {self.bandwidth:.3g} B/s))"
+        launch = f" + {self.launch_s * 1e6:.3g} us a kernel" if self.launch_s else ""
+        causal = ", causal attention at half its FLOPs" if self.causal_attention else ""
+        return (f"{self.name} (max(FLOPs / {self.peak_flops:.3g} FLOP/s, bytes / {self.bandwidth:.3g} B/s)"
+                f"{launch}{causal})")
 
 
 FLOPS_MODEL = CostModel(name="flops", peak_flops=1e12, bandwidth=1e11)
@@ -85,9 +108,111 @@ def roofline_model(device: str, dtype: torch.dtype = torch.float32, *, tf32: boo
     return CostModel(name=f"roofline:{spec.name}", peak_flops=spec.peak(precision), bandwidth=spec.bandwidth)
 
 
-def cost_model_from_name(name: str, *, dtype: torch.dtype = torch.float32, tf32: bool = False) -> CostModel:
-    """'flops', 'flop-count', 'roofline:<device>' (a key of `frontends.measure.devices.DEVICES`) or 'profile'."""
+GPU_LAUNCH_S = 4e-6
+"""Seconds a CUDA kernel costs beyond its work: launch and tail, as a step's many small kernels
+see it (a few microseconds on current GPUs and drivers)."""
+
+_SQUARE_CAUSAL_KERNELS = {
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+}
+
+
+def is_square_causal_attention(node: torch.fx.Node) -> bool:
+    """A fused SDPA kernel (forward or backward) called with ``is_causal=True`` on as many
+    queries as keys: it computes about half the score matrix FlopCounterMode counts."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if getattr(packet, "__name__", "") not in _SQUARE_CAUSAL_KERNELS:
+        return False
+    schema = [a.name for a in node.target._schema.arguments]
+    bound = {**dict(zip(schema, node.args)), **node.kwargs}
+    query, key = (getattr(bound.get(n), "meta", {}).get("val") for n in ("query", "key"))
+    return bool(bound.get("is_causal")) and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) \
+        and query.shape[-2] == key.shape[-2]
+
+
+def device_model(device: torch.device, dtype: torch.dtype = torch.float32) -> CostModel:
+    """``device``: time on ``device``. A GPU CUDA names that `frontends.measure.devices` knows gets
+    its datasheet roofline (TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says) plus
+    `GPU_LAUNCH_S` a kernel; the CPU gets `calibrated_cpu_model`."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        product = torch.cuda.get_device_name(index)
+        spec = device_of_product(product, torch.cuda.get_device_properties(index).total_memory)
+        if spec is None:
+            raise ValueError(f"no datasheet numbers for {product!r}: use cost_model='profile' (measured "
+                             f"on it) or 'roofline:<device>' with one of {', '.join(sorted(DEVICES))}")
+        tf32 = dtype == torch.float32 and bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+        roofline = roofline_model(spec.name, dtype, tf32=tf32)
+        return CostModel(name=f"device:{spec.name}", peak_flops=roofline.peak_flops,
+                         bandwidth=roofline.bandwidth, launch_s=GPU_LAUNCH_S, causal_attention=True)
+    if device.type == "cpu":
+        return calibrated_cpu_model(dtype, torch.get_num_threads())
+    raise ValueError(f"cost_model='device' prices time on a CPU or a CUDA GPU, not on {device.type!r}: "
+                     "use 'flops' or 'roofline:<device>'")
+
+
+@functools.cache
+def calibrated_cpu_model(dtype: torch.dtype, threads: int) -> CostModel:
+    """``device`` on the CPU: FLOP/s of a 512 x 512 matmul, bytes/s of a 64 MiB copy and the
+    time of a one-element add (an op's dispatch), each the best of a few runs, measured once per
+    process, dtype and thread count (about 0.2 s)."""
+    a = torch.randn(512, 512).to(dtype)
+    big = torch.empty(16 * 2**20, dtype=torch.float32)
+    one = torch.ones(1)
+    flops_s = 2 * 512**3 / _best_seconds(lambda: torch.mm(a, a), 5)
+    bytes_s = 2 * big.numel() * big.element_size() / _best_seconds(big.clone, 5)
+    launch = _best_seconds(lambda: torch.add(one, one), 200)
+    return CostModel(name="device:cpu", peak_flops=flops_s, bandwidth=bytes_s, launch_s=launch,
+                     causal_attention=True)
+
+
+def _best_seconds(run, repeats: int) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)
+
+
+COST_MODEL_NAMES = ("auto", "device", "flops", "flop-count", "profile")
+"""Names `cost_model_from_name` takes, besides ``roofline:<device>``."""
+
+
+def check_cost_model_name(name: str) -> str:
+    """``name`` when `cost_model_from_name` can resolve it on some device; ValueError listing the
+    names otherwise (what a setting is checked against before any model is at hand)."""
     key = name.strip().lower()
+    if key in COST_MODEL_NAMES:
+        return name
+    if key.startswith("roofline:"):
+        get_device(key.removeprefix("roofline:"))
+        return name
+    raise _unknown(name)
+
+
+def _unknown(name: str) -> ValueError:
+    known = [*COST_MODEL_NAMES, *(f"roofline:{d}" for d in sorted(DEVICES))]
+    return ValueError(f"unknown cost model {name!r}: choose one of {', '.join(known)}")
+
+
+def cost_model_from_name(name: str, *, dtype: torch.dtype = torch.float32, tf32: bool = False,
+                         device: torch.device | None = None) -> CostModel:
+    """'auto', 'device', 'flops', 'flop-count', 'roofline:<device>' (a key of
+    `frontends.measure.devices.DEVICES`) or 'profile'. ``device``: where the model lives, which
+    'auto' and 'device' price (`device_model`); without it 'auto' is 'flops'."""
+    key = name.strip().lower()
+    if key == "auto":
+        return device_model(device, dtype) if device is not None and device.type == "cuda" else FLOPS_MODEL
+    if key == "device":
+        if device is None or device.type == "meta":
+            raise ValueError("cost_model='device' prices time on the device the model lives on: this one "
+                             "has none (meta); use 'roofline:<device>' for a GPU you do not have")
+        return device_model(device, dtype)
     if key == FLOPS_MODEL.name:
         return FLOPS_MODEL
     if key == FLOP_COUNT_MODEL.name:
@@ -96,8 +221,13 @@ def cost_model_from_name(name: str, *, dtype: torch.dtype = torch.float32, tf32:
         return PROFILE_MODEL
     if key.startswith("roofline:"):
         return roofline_model(key.removeprefix("roofline:"), dtype, tf32=tf32)
-    known = ["flops", "flop-count", "profile", *(f"roofline:{d}" for d in sorted(DEVICES))]
-    raise ValueError(f"unknown cost model {name!r}: choose one of {', '.join(known)}")
+    raise _unknown(name)
+
+
+def model_device(model: torch.nn.Module) -> torch.device | None:
+    """The device most of the model's parameters live on (None for a model without any)."""
+    counts = Counter(p.device for p in model.parameters())
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -114,6 +114,25 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 
+_PRODUCT_KEYS: tuple[tuple[str, str], ...] = (
+    ("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L40", ""), ("L4", "l4"),
+    ("4090", "rtx4090"), ("V100", "v100"), ("T4", "t4"),
+)
+"""Substring of the name CUDA reports -> key in `DEVICES` ("" : a GPU not in the table, such as
+an L40 that "L4" would otherwise match); the first match wins."""
+
+
+def device_of_product(product: str, memory_bytes: int) -> DeviceSpec | None:
+    """The spec of a GPU from the name and memory CUDA reports (``torch.cuda.get_device_name``,
+    ``total_memory``), or None when it is not in `DEVICES`. An A100 is the 80 GB one above 50 GB."""
+    for key, name in _PRODUCT_KEYS:
+        if key in product.upper():
+            if name == "a100":
+                name = "a100-80gb" if memory_bytes > 50 * GIGA else "a100-40gb"
+            return DEVICES.get(name)
+    return None
+
+
 def get_device(name: str) -> DeviceSpec:
     """The spec for ``name`` (case-insensitive); ValueError listing the known names otherwise."""
     spec = DEVICES.get(name.strip().lower())

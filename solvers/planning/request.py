@@ -43,8 +43,9 @@ class PlanRequest:
     verbose: bool = False
     milp_engine: str = "auto"
     """``cbc``, ``highs`` or ``auto`` (see `solvers.checkmate.milp_engines`)."""
-    cost_model: str = "flops"
-    """``flops``, ``roofline:<device>`` or ``profile`` (see `frontends.measure.costs`)."""
+    cost_model: str = "auto"
+    """``auto`` (time on the model's GPU, ``flops`` elsewhere), ``device``, ``flops``, ``flop-count``,
+    ``roofline:<device>`` or ``profile`` (see `frontends.measure.costs`)."""
     allocator: AllocatorModel | None = None
     """A CUDA caching allocator's rounding and margins, added to every peak."""
     grad_outputs: str = "losses"

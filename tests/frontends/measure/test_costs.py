@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -11,15 +13,18 @@ from frontends.capture.step import capture
 from frontends.measure.costs import (
     FLOP_COUNT_MODEL,
     FLOPS_MODEL,
+    GPU_LAUNCH_S,
     PROFILE_MODEL,
     CostModel,
+    check_cost_model_name,
     cost_model_from_name,
     model_dtype,
     op_bytes_moved,
     op_flops,
     roofline_model,
 )
-from frontends.measure.devices import DEVICES, PRECISIONS, get_device
+from frontends.measure.devices import DEVICES, PRECISIONS, device_of_product, get_device
+from optimizer import optimize
 
 N = 1024
 MATMUL_FLOPS = 2 * N**3
@@ -138,3 +143,96 @@ def test_model_dtype() -> None:
     assert model_dtype(nn.Linear(2, 2)) == torch.float32
     assert model_dtype(nn.Linear(2, 2).to(torch.bfloat16)) == torch.bfloat16
     assert model_dtype(nn.ReLU()) == torch.float32
+
+
+# ------------------------------------------------------------------ time on the model's device
+@pytest.mark.parametrize(("product", "memory_gb", "expected"), [
+    ("NVIDIA H100 80GB HBM3", 80, "h100"), ("NVIDIA H200", 141, "h200"),
+    ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"), ("NVIDIA A100 80GB PCIe", 80, "a100-80gb"),
+    ("NVIDIA L4", 24, "l4"), ("NVIDIA L40S", 48, None), ("NVIDIA GeForce RTX 4090", 24, "rtx4090"),
+    ("Tesla V100-SXM2-32GB", 32, "v100"), ("Tesla T4", 16, "t4"), ("NVIDIA B200", 180, None),
+])
+def test_the_gpu_cuda_names_is_found_in_the_table(product, memory_gb, expected) -> None:
+    spec = device_of_product(product, memory_gb * 10**9)
+    assert (spec.name if spec else None) == expected
+
+
+def _pretend_cuda(monkeypatch, product: str, memory_bytes: int) -> None:
+    class Properties:
+        total_memory = memory_bytes
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: product)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: Properties())
+
+
+def test_auto_prices_time_on_the_gpu_and_flops_elsewhere(monkeypatch) -> None:
+    assert cost_model_from_name("auto", device=torch.device("cpu")) is FLOPS_MODEL
+    assert cost_model_from_name("auto") is FLOPS_MODEL
+    assert cost_model_from_name("auto", device=torch.device("meta")) is FLOPS_MODEL
+    _pretend_cuda(monkeypatch, "NVIDIA H100 80GB HBM3", 85 * 10**9)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=False))
+    h100 = cost_model_from_name("auto", device=torch.device("cuda"))
+    assert h100 == CostModel(name="device:h100", peak_flops=67e12, bandwidth=3350e9,
+                             launch_s=GPU_LAUNCH_S, causal_attention=True)
+    assert cost_model_from_name("device", dtype=torch.bfloat16, device=torch.device("cuda:0")).peak_flops == 989.5e12
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=True))
+    assert cost_model_from_name("auto", device=torch.device("cuda")).peak_flops == 494.5e12
+    _pretend_cuda(monkeypatch, "NVIDIA B200", 180 * 10**9)
+    with pytest.raises(ValueError, match="'profile'.*roofline:<device>"):
+        cost_model_from_name("auto", device=torch.device("cuda"))
+
+
+def test_device_on_the_cpu_is_measured_once() -> None:
+    model = cost_model_from_name("device", device=torch.device("cpu"))
+    assert model.name == "device:cpu" and model.causal_attention
+    assert model.peak_flops > 1e8 and model.bandwidth > 1e8 and 0 < model.launch_s < 1e-3
+    assert cost_model_from_name("device", device=torch.device("cpu")) is model  # cached
+    assert model.seconds(0.0, 0.0) == model.launch_s  # every kernel pays its launch
+    with pytest.raises(ValueError, match="roofline:<device>"):
+        cost_model_from_name("device", device=torch.device("meta"))
+    with pytest.raises(ValueError, match="auto, device, flops"):
+        check_cost_model_name("fastest")
+    assert check_cost_model_name("roofline:H200") == "roofline:H200"
+
+
+class _CausalAttention(nn.Module):
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.causal = causal
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 64, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal).sum()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_causal_attention_kernel_costs_half_its_counted_flops(causal) -> None:
+    """On a roofline where FLOPs dominate, the kernel-aware model prices a causal SDPA kernel
+    (forward and backward) at half of what the plain one does; a non-causal one the same."""
+    compute_bound = {"peak_flops": 1e12, "bandwidth": 1e18}
+    aware = CostModel(name="aware", causal_attention=True, **compute_bound)
+    plain = CostModel(name="plain", **compute_bound)
+    x = torch.randn(2, 64, 32)
+
+    def attention_costs(model: CostModel) -> list[float]:
+        torch.manual_seed(0)
+        graph = capture(_CausalAttention(causal), (x,), cost_model=model).graph
+        return [n.cost for n in graph.ops if "scaled_dot_product" in n.op and n.cost]
+
+    aware_costs, plain_costs = attention_costs(aware), attention_costs(plain)
+    assert len(aware_costs) == 2  # forward and backward kernels
+    ratio = 0.5 if causal else 1.0
+    assert aware_costs == pytest.approx([c * ratio for c in plain_costs], rel=1e-12)
+
+
+def test_optimize_with_the_device_cost_model_on_the_cpu() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 1))
+    x = torch.randn(128, 64)
+    rm = optimize(model, (x,), "92%", cost_model="device", time_limit=5)
+    assert rm.plan.cost_model == "device:cpu"
+    assert rm.plan.recomputed
+    default = optimize(model, (x,), "92%", time_limit=5)
+    assert default.plan.cost_model == "flops"  # auto on the CPU
