@@ -56,7 +56,6 @@ from frontends.guards.hf_training import (
     cache_off_for_training,
     explain_library_construct,
     explain_unsupported_value,
-    masks_as_in_eager,
 )
 from frontends.guards.sharding import check_no_sharded_submodules
 from frontends.guards.user_code import is_user_file
@@ -191,7 +190,7 @@ def capture(
     check_no_sharded_submodules(model)  # fully_shard inside: the captured graph skips its hooks
     with cache_off_for_training(model, kwargs) as cache_off, forward_guards(  # both restore on exit
             model, tuple(args), cache_off.kwargs, python_side_effects, UnreplayableForwardError) as guard, \
-            refuse_custom_functions(UnreplayableForwardError), masks_as_in_eager():  # their backward would be lost
+            refuse_custom_functions(UnreplayableForwardError):  # their backward would be lost
         joint, gradient_free, splits, mlps, loop = _trace(model, tuple(args), cache_off.kwargs, grad_outputs,
                                                           split_rows, outputs, split_mlp, stitch_loops)
         guard.check_graph(joint.graph_module)

@@ -12,23 +12,13 @@ a warning), and so does capture, for the duration of the trace only:
 - an explicit ``use_cache=True`` keyword argument is traced as False, and the remat module
   passes False in its place at every training call (`CacheOff.kwarg_overrides`).
 
-Masks are decided as in eager (`masks_as_in_eager`). Run eagerly, transformers builds no
-attention mask when attention is plainly causal or bidirectional and nothing is padded, and calls
-SDPA with ``is_causal`` (and ``enable_gqa`` for grouped keys and values) instead; while
-torch.export traces, its masking code refuses that shortcut (``is_torchdynamo_exporting()``), so
-the graph would build a dense mask per step, run ``repeat_kv`` and call other kernels than eager
-(in bfloat16, other gradients). The shortcut depends only on shapes once a padding mask, if any,
-is a traced tensor (then the mask stays), so it is as safe to take while tracing as in eager.
-
-Nothing here imports transformers: a config is anything with a boolean ``use_cache``, and the
-masking module is patched only where the model's import already loaded it.
+Nothing here imports transformers: a config is anything with a boolean ``use_cache``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -70,26 +60,6 @@ def cache_off_for_training(model: torch.nn.Module, kwargs: dict) -> Iterator[Cac
     finally:
         for config in restored:
             config.use_cache = True
-
-
-MASKING_MODULE = "transformers.masking_utils"
-
-
-@contextlib.contextmanager
-def masks_as_in_eager() -> Iterator[None]:
-    """Within the block, transformers' mask helpers skip a mask where eager would (see module doc):
-    its ``is_torchdynamo_exporting`` reads False in `MASKING_MODULE` alone. Its other guard,
-    ``is_tracing(padding_mask)``, still keeps every mask that an input reaches."""
-    masking = sys.modules.get(MASKING_MODULE)
-    original = getattr(masking, "is_torchdynamo_exporting", None)
-    if original is None:  # transformers not loaded, or a release whose masks are built otherwise
-        yield
-        return
-    masking.is_torchdynamo_exporting = lambda: False
-    try:
-        yield
-    finally:
-        masking.is_torchdynamo_exporting = original
 
 
 def explain_unsupported_value(message: str) -> str | None:
