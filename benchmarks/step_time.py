@@ -16,7 +16,10 @@ cannot be measured the way the others' is; `benchmarks/vs_pytorch.py` compares t
 partitioner's memory and FLOPs instead.
 
     python benchmarks/step_time.py [--models gpt2,llama,resnet] [--rounds 15] [--threads 1]
-        [--device cpu|cuda] [--dtype float32|bfloat16] [--out FILE.md]
+        [--device cpu|cuda] [--size cpu|gpu] [--dtype float32|bfloat16] [--out FILE.md]
+
+On a lent GPU: ``python benchmarks/step_time.py --device cuda --size gpu --models gpt2,llama
+--rounds 10 --time-limit 30`` (issue 38's shapes).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_pytorch_peers import wrap_blocks  # noqa: E402
 
 from frontends.capture.model_file import load_model_file  # noqa: E402
-from frontends.measure.step import measure_step  # noqa: E402
+from frontends.measure.step import measure_step, unique_storage_bytes  # noqa: E402
 from optimizer import InfeasibleBudgetError, apply_checkpointing, optimize  # noqa: E402
 
 aten = torch.ops.aten
@@ -90,32 +93,56 @@ def _hf_per_block(model: torch.nn.Module, selective: bool) -> torch.nn.Module:
     return model
 
 
-def _transformers_workloads(names: list[str], dtype: torch.dtype, device: torch.device) -> list[Workload]:
+SHAPES = {
+    "cpu": {"gpt2": dict(layers=4, width=256, heads=4, vocab=1024, batch=8, seq=256, dtype="float32"),
+            "llama": dict(layers=4, width=256, heads=8, kv_heads=2, ffn=704, vocab=1024, batch=8, seq=256,
+                          dtype="float32")},
+    "gpu": {"gpt2": dict(layers=12, width=768, heads=12, vocab=50257, batch=8, seq=1024, dtype="float32"),
+            "llama": dict(layers=8, width=2048, heads=16, kv_heads=4, ffn=5632, vocab=32000, batch=4, seq=2048,
+                          dtype="bfloat16")},
+}
+"""``--size cpu``: small enough for one CPU thread. ``--size gpu``: issue 38's H200 shapes, GPT-2
+small in float32 at 8 x 1024 and a Llama of 8 x 2048 (GQA 16/4, SwiGLU 5632) in bfloat16 at 4 x 2048."""
+
+
+def _transformers_workloads(names: list[str], size: str, dtype: str | None,
+                            device: torch.device) -> list[Workload]:
     import transformers  # optional: only these workloads need it
 
     transformers.logging.set_verbosity_error()
     out = []
-    tokens = torch.randint(1, 1024, (8, 256), generator=torch.Generator().manual_seed(0)).to(device)
-    batch = {"input_ids": tokens, "labels": tokens}
-    if "gpt2" in names:
+    for name in ("gpt2", "llama"):
+        if name not in names:
+            continue
+        shape = SHAPES[size][name]
+        model_dtype = getattr(torch, dtype or shape["dtype"])
+        tokens = torch.randint(1, shape["vocab"], (shape["batch"], shape["seq"]),
+                               generator=torch.Generator().manual_seed(0)).to(device)
+        batch = {"input_ids": tokens, "labels": tokens}
         torch.manual_seed(0)
-        config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
-                                         attn_implementation="sdpa")
-        model = transformers.GPT2LMHeadModel(config).to(device, dtype).train()
-        out.append(Workload("gpt2", f"transformers GPT-2 4 x 256 (dropout 0.1), batch 8 x 256, {_name(dtype)}",
+        if name == "gpt2":
+            config = transformers.GPT2Config(n_layer=shape["layers"], n_embd=shape["width"], n_head=shape["heads"],
+                                             vocab_size=shape["vocab"], n_positions=shape["seq"],
+                                             attn_implementation="sdpa")
+            model = transformers.GPT2LMHeadModel(config)
+            what = f"transformers GPT-2 {shape['layers']} x {shape['width']} (dropout 0.1)"
+        else:
+            config = transformers.LlamaConfig(num_hidden_layers=shape["layers"], hidden_size=shape["width"],
+                                              num_attention_heads=shape["heads"],
+                                              num_key_value_heads=shape["kv_heads"],
+                                              intermediate_size=shape["ffn"], vocab_size=shape["vocab"],
+                                              attn_implementation="sdpa")
+            model = transformers.LlamaForCausalLM(config)
+            what = (f"transformers Llama {shape['layers']} x {shape['width']} (GQA {shape['heads']}/"
+                    f"{shape['kv_heads']}, SwiGLU {shape['ffn']})")
+        model = model.to(device, model_dtype).train()
+        out.append(Workload(name, f"{what}, batch {shape['batch']} x {shape['seq']}, {_name(model_dtype)}",
                             model, (), batch, _hf_per_block))
-    if "llama" in names:
-        torch.manual_seed(0)
-        config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=8,
-                                          num_key_value_heads=2, intermediate_size=704, vocab_size=1024,
-                                          attn_implementation="sdpa")
-        model = transformers.LlamaForCausalLM(config).to(device, dtype).train()
-        out.append(Workload("llama", f"transformers Llama 4 x 256 (GQA 8/2, SwiGLU 704), batch 8 x 256, "
-                            f"{_name(dtype)}", model, (), batch, _hf_per_block))
     return out
 
 
 def _resnet_workload(dtype: torch.dtype, device: torch.device) -> Workload:
+    """examples/resnet.py as its file builds it (the same at every ``--size``)."""
     path = Path(__file__).resolve().parent.parent / "examples" / "resnet.py"
     model, inputs = load_model_file(str(path))
     inputs = tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device) for x in inputs)
@@ -175,8 +202,23 @@ def _smallest_eager(work: Workload, budget: int, time_limit: float) -> int:
 
 
 def _peak(module: torch.nn.Module, work: Workload) -> int:
+    """The step's peak as if ``module`` were alone on its device: on CUDA the other strategies'
+    copies (and their gradients) are resident too, so the peak is taken above what was allocated
+    before the step, plus this copy's own parameters, buffers and inputs."""
     gc.collect()
-    return measure_step(module, work.args, work.kwargs, warmup=1, repeats=1).peak_bytes
+    device = next(module.parameters()).device
+    if device.type != "cuda":
+        return measure_step(module, work.args, work.kwargs, warmup=1, repeats=1).peak_bytes
+    _step(module, work, device)  # warm-up: lazy state, cuBLAS workspaces
+    for p in module.parameters():
+        p.grad = None
+    own = unique_storage_bytes([*module.parameters(), *module.buffers(),
+                                *[t for t in (*work.args, *work.kwargs.values()) if isinstance(t, torch.Tensor)]])
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    _step(module, work, device)
+    return torch.cuda.max_memory_allocated(device) - before + own
 
 
 def _step(module: torch.nn.Module, work: Workload, device: torch.device) -> float:
@@ -220,16 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--size", default="cpu", choices=sorted(SHAPES))
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="every model in this dtype (default: the size's own, see SHAPES)")
     parser.add_argument("--time-limit", type=float, default=20.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device = torch.device(args.device)
     names = args.models.split(",")
-    workloads = _transformers_workloads(names, dtype, device)
+    workloads = _transformers_workloads(names, args.size, args.dtype, device)
     if "resnet" in names:
-        workloads.append(_resnet_workload(dtype, device))
+        workloads.append(_resnet_workload(getattr(torch, args.dtype or "float32"), device))
     lines = [f"Command: `python benchmarks/step_time.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} thread(s), "
              f"device {device}, {args.rounds} interleaved rounds"]
