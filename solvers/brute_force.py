@@ -3,7 +3,7 @@
 It shares no code with `solvers.checkmate.milp`. Schedules are searched in the simulator's own terms:
 a state is the set of live values; a step computes one op group (all its inputs live, none
 of its values live), after which any of the values it read or produced may be freed; at the
-boundary the tangents arrive and any forward output or tangent may be freed. Peak bytes are
+boundary the tangents arrive (and stay: the caller holds them) and any forward output may be freed. Peak bytes are
 counted as the simulator counts them (resident bytes, the op's siblings and temp bytes while
 it runs, every tangent at the boundary), and the best path is rebuilt as an explicit
 schedule of compute and free steps and checked with `solvers.ir.simulator.simulate`.
@@ -95,7 +95,7 @@ def _instance(graph: RematGraph) -> _Instance:
     firsts = [graph[m[0]] for m in groups]
     mask = lambda names_: sum(bit[n] for n in dict.fromkeys(names_) if n in bit)  # noqa: E731
     fo = [o for o in graph.forward_outputs if o in bit]
-    final = [o for o in (*graph.user_outputs, *graph.backward_outputs) if o in bit]
+    final = [o for o in (*graph.user_outputs, *graph.backward_outputs, *graph.tangents) if o in bit]
     producer = {name: g for g, ms in enumerate(groups) for name in ms}
     needed = [False] * len(groups)
     stack = [producer[o] for o in fo + final if o in producer]
@@ -159,7 +159,7 @@ class _Moves:
         after = live | inst.group_mask[g]
         freeable = (inst.input_mask[g] | inst.group_mask[g]) & after
         if backward:
-            freeable &= ~inst.held_mask
+            freeable &= ~inst.held_mask & ~inst.tangent_mask
         return inst.cost[g], peak, after, freeable
 
     def boundary(self, live: int):
@@ -169,7 +169,7 @@ class _Moves:
             return None
         after = live | inst.tangent_mask
         peak = inst.resident + self.live_bytes(after)
-        return 0.0, peak, after, (inst.fo_mask | inst.tangent_mask) & after & ~inst.held_mask
+        return 0.0, peak, after, inst.fo_mask & after & ~inst.held_mask
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Rules every schedule obeys, hence constraints:
    was computed in backward before t (``again[g(u)] >= again[g] - live[u]``);
 3. at B0: resident bytes + tangents + the forward values live there fit the budget;
 4. while backward op j runs (every one, or on large graphs a selection of ``MEMORY_ROWS``:
-   dropping rows only loosens the LP): resident bytes, user outputs, tangents still to be read, j's
+   dropping rows only loosens the LP): resident bytes, user outputs, the tangents (held to the end), j's
    inputs and outputs and temporaries, the forward values held past j (``held``) and the
    backward values made before j and read after it (live, or recomputed at their group's
    cost: ``1 - redo``) fit the budget;
@@ -242,7 +242,7 @@ def _sweep_backward(lp: LinearProgram, graph: RematGraph, reads: _BackwardReads)
         first = graph[ms[0]]
         read_here = set(first.inputs)
         fixed = resident + user_bytes
-        fixed += sum(graph[t].bytes for t in graph.tangents if last_read.get(t, -1) >= j)
+        fixed += sum(graph[t].bytes for t in graph.tangents)  # held by the caller to the end
         fixed += sum(graph[m].bytes for m in ms) + first.temp_bytes
         fixed += sum(graph[i].bytes for i in read_here if graph[i].is_op and i not in users)
         row: dict[int, float] = {}

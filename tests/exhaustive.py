@@ -22,7 +22,7 @@ def exhaustive_optimum(graph: RematGraph, budget_bytes: int) -> float | None:
     resident = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
     forward = [m for m in graph.groups.values() if graph[m[0]].phase is Phase.FORWARD]
     backward = [m for m in graph.groups.values() if graph[m[0]].phase is Phase.BACKWARD]
-    final = set(graph.backward_outputs) | set(graph.user_outputs)
+    final = set(graph.backward_outputs) | set(graph.user_outputs) | set(graph.tangents)  # tangents: held
 
     def backward_live(done: int) -> int:
         """Bytes of tangents and backward values live before backward op ``done`` runs."""

@@ -46,7 +46,7 @@ class CheckmateData:
     """Needed groups that read each value, in order."""
     forward_outputs: frozenset[int]
     final_outputs: frozenset[int]
-    """User outputs and backward outputs: live when the step ends."""
+    """User outputs, backward outputs and tangents: live when the step ends."""
     held: frozenset[int]
     """User outputs computed in forward: the caller holds forward's copy until the step ends."""
     tangent_bytes: int
@@ -90,7 +90,8 @@ def prepare(graph: RematGraph) -> CheckmateData:
         tuple(vindex[i] for i in dict.fromkeys(node.inputs) if i in vindex) for node in firsts
     )
     fo = frozenset(vindex[o] for o in graph.forward_outputs if o in vindex)
-    final = frozenset(vindex[o] for o in (*graph.user_outputs, *graph.backward_outputs)
+    # Tangents too: the caller holds them until the step ends (see solvers.ir.simulator).
+    final = frozenset(vindex[o] for o in (*graph.user_outputs, *graph.backward_outputs, *graph.tangents)
                       if o in vindex)
 
     # Needed groups: ancestors of the outputs and of run-once ops (as `prune_dead`).
@@ -166,9 +167,9 @@ def lower_bound_bytes(data: CheckmateData) -> int:
             bound = max(bound, data.resident_bytes + during + data.group_bytes[g]
                         + data.temp_bytes[g])
     final_bytes = sum(data.value_bytes[v] for v in data.final_outputs)
-    producers = {data.producer[v] for v in data.final_outputs}
+    producers = {data.producer[v] for v in data.final_outputs} - {None}  # tangents: no producer
     extra = 0
-    if producers and None not in producers:
+    if producers:
         extra = min(data.temp_bytes[g] + sum(data.value_bytes[v] for v in data.inputs[g]
                                              if v not in data.final_outputs)
                     + sum(data.value_bytes[v] for v in data.members[g]

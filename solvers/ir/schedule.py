@@ -101,7 +101,8 @@ class _ScheduleTables:
         self.resident = frozenset(
             n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT))
         self.pinned = frozenset(graph.user_outputs)
-        self.needed_at_end = frozenset(graph.user_outputs) | frozenset(graph.backward_outputs)
+        self.needed_at_end = frozenset(graph.user_outputs) | frozenset(graph.backward_outputs) \
+            | frozenset(graph.tangents)  # held by the caller until the step ends (see the simulator)
         self.tangents = graph.tangents
         self.forward_outputs = graph.forward_outputs
         self.frees = {n.name: free(n.name) for n in graph.nodes}
@@ -199,7 +200,7 @@ def _derive_frees(tables: _ScheduleTables, forward: list[_Group], backward: list
                 first_runs.add(index)
                 seen.update(fresh)
     backward_reversed = walk(backward, first_runs, len(forward))
-    # Tangents arrive at the start of backward; those never read are dropped there.
+    # Tangents arrive at the start of backward and stay (they are in needed_at_end).
     boundary_frees = [t for t in tables.tangents if t not in needed]
     needed.difference_update(tables.tangents)
     # Forward outputs must be live when forward ends; dropped at the boundary if unread later.

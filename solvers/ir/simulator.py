@@ -5,7 +5,9 @@ Memory model (what the rewritten module does when it runs):
   resident for the whole step: live before the first step, never freed or computed;
 - computing an op allocates all its outputs (siblings) plus its unused outputs (temp bytes)
   while its inputs are still live; the unused outputs are dropped right after;
-- output gradients (tangents) arrive when backward starts;
+- output gradients (tangents) arrive when backward starts and stay until the step ends: the
+  caller holds them (``loss.backward()`` keeps the ones it makes until backward returns, and a
+  gradient passed to ``backward(grad)`` is the caller's own tensor), so freeing one frees nothing;
 - a value stays live until its free step.
 Random ops run once, in order; one that replays a saved generator state (`Node.replays_rng`)
 may be recomputed, but its first run (the one that draws) is in forward, in that order.
@@ -79,7 +81,7 @@ class _SimulatorTables:
         self.tangents = tuple((t, graph[t].bytes) for t in graph.tangents)
         self.run_once_rules = tuple((n.name, n.compute_once, n.replays_rng) for n in graph.ops
                                     if n.compute_once or n.replays_rng)
-        self.unfreeable = self.resident | self.user_outputs
+        self.unfreeable = self.resident | self.user_outputs | frozenset(graph.tangents)
         self.plain = {
             n.name: (n.bytes, n.inputs, n.temp_bytes, n.cost, n.flops, n.phase is Phase.BACKWARD)
             for n in graph.ops if len(self.members[n.name]) == 1 and not n.compute_once
@@ -347,6 +349,8 @@ def _check_free(tables: _SimulatorTables, live: set[str], name: str, index: int,
     if name in tables.unfreeable:
         if name in tables.resident:
             fail(index, "parameters and inputs are resident and cannot be freed")
+        if name in tables.nodes and tables.nodes[name].kind is NodeKind.TANGENT:
+            fail(index, "output gradients are held by the caller until backward ends and cannot be freed")
         fail(index, "user outputs are held by the caller and cannot be freed")
 
 

@@ -322,7 +322,7 @@ def test_brute_force_refuses_large_graphs():
 
 def test_brute_force_schedule_is_explicit_and_simulated():
     graph = tiny_chain()
-    result = solve_brute_force(graph, 231, CBC)
+    result = solve_brute_force(graph, 232, CBC)
     assert isinstance(result.schedule, Schedule)
-    check_exact_result(graph, 231, result)
+    check_exact_result(graph, 232, result)
     assert result.objective == graph.base_cost

@@ -151,12 +151,16 @@ def test_graph_breaks_share_the_step_budget():
     assert not first.plan.recomputed and second.plan.recomputed
     assert second.plan.predicted_peak_bytes <= budget - held
     summary = backend.summary()
-    assert summary.graph_breaks == 1 and not summary.exact and summary.fits
+    assert summary.graph_breaks == 1 and not summary.exact
     with backend.meter.measuring() as measured:
         _step(compiled, (x,))
     assert max(p.plan.predicted_peak_bytes for p in backend.plans) < measured.peak_bytes <= budget
-    assert measured.peak_bytes <= summary.predicted_step_peak_bytes + 4096  # the split's bound
-    assert _within(measured.peak_bytes, summary.predicted_step_peak_bytes)
+    # The split's bound holds, but no longer proves the fit: it adds the second graph's parameters
+    # and gradients to the first graph's whole peak, which now keeps the gradient arriving from
+    # the second graph (its tangent) to the end of its backward, as autograd does (measured
+    # 5,912,608 B against a bound of 6,438,928 B; before tangents were held, the bound was 2% off).
+    assert measured.peak_bytes <= summary.predicted_step_peak_bytes
+    assert not summary.fits
 
 
 def test_fullgraph_refuses_a_graph_break():

@@ -13,6 +13,7 @@ import torch
 from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step
 
 from frontends.graph_runtime.remat_module import InputMismatchError
+from frontends.measure.memory_tracker import track_live_memory
 from optimizer import optimize
 
 TIGHT = "60%"
@@ -223,3 +224,20 @@ def test_bf16_gradients_are_eagers_bitwise(family):
         rm(**batch).loss.backward()
         for (name, p), q in zip(reference.named_parameters(), rm.model.parameters()):
             assert torch.equal(p.grad, q.grad), f"{name} at {budget}"
+
+
+def test_a_gradient_the_caller_passes_is_held_to_the_end_of_backward():
+    """``out.backward(grad)``: the caller's ``grad`` lives until backward returns, so the plan counts
+    it to the end (it used to free it after its last read: 540,672 B, 1.8% under the measured peak
+    on this MLP); the prediction is the measured peak to the byte."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 512),
+                                torch.nn.GELU(), torch.nn.Linear(512, 4096))
+    x, grad = torch.randn(256, 64), torch.randn(256, 4096)
+    rm = optimize(model, (x,), "100%", solver="store-all", grad_outputs="all")
+    resident = sum(p.numel() * p.element_size() for p in model.parameters()) + 4 * (x.numel() + grad.numel())
+    with track_live_memory() as tracker:
+        out = rm(x)
+        out.backward(grad)
+        del out
+    assert tracker.result.peak_bytes + resident == rm.plan.predicted_peak_bytes

@@ -47,7 +47,7 @@ def reference_from_computes(graph: RematGraph, forward, backward) -> Schedule:
         return runs
 
     resident = {n.name for n in graph.nodes if n.kind in (NodeKind.PARAMETER, NodeKind.INPUT)}
-    needed = set(graph.user_outputs) | set(graph.backward_outputs)
+    needed = set(graph.user_outputs) | set(graph.backward_outputs) | set(graph.tangents)  # tangents held
     pinned = set(graph.user_outputs)
 
     def walk(runs, first_runs, offset, drawing_runs=frozenset()):
@@ -141,6 +141,8 @@ def reference_simulate(graph: RematGraph, schedule: Schedule) -> SimulationResul
                 fail(i, "frees a value that is not live")
             if node.kind in (NodeKind.PARAMETER, NodeKind.INPUT):
                 fail(i, "parameters and inputs are resident and cannot be freed")
+            if node.kind is NodeKind.TANGENT:
+                fail(i, "output gradients are held by the caller until backward ends and cannot be freed")
             if step.node in graph.user_outputs:
                 fail(i, "user outputs are held by the caller and cannot be freed")
             live.discard(step.node)

@@ -13,13 +13,26 @@ def test_store_all_peak_is_hand_computed():
     g = tiny_chain()
     result = simulate(g, store_all_schedule(g))
     # resident 110; a(20), b(30), loss(1) -> 161 at the boundary; tangent 1 -> 162;
-    # gb -> 192, frees t and b -> 161; ga -> 181, frees gb and a -> 131; gp (100) -> 231.
+    # gb -> 192, frees b -> 162 (the tangent stays: the caller holds it); ga -> 182, frees gb
+    # and a -> 132; gp (100) -> 232.
     assert result.boundary_bytes == 161
-    assert result.peak_bytes == 231
+    assert result.peak_bytes == 232
     assert result.peak_node == "gp"
     assert set(result.saved) == {"a", "b"}
     assert result.extra_cost == 0
-    assert result.live_curve[-1] == 211
+    assert result.live_curve[-1] == 212
+
+
+def test_a_tangent_cannot_be_freed():
+    """``loss.backward()`` holds the gradient it makes until backward returns (and a gradient
+    given to ``backward(grad)`` is the caller's): a schedule that frees one is refused."""
+    g = tiny_chain()
+    (tangent,) = g.tangents
+    steps = store_all_schedule(g)
+    backward = list(steps.backward)
+    backward.insert(len(g.group_of(backward[0].node)), free(tangent))
+    with pytest.raises(InvalidScheduleError, match="held by the caller until backward ends"):
+        simulate(g, Schedule(forward=steps.forward, backward=tuple(backward)))
 
 
 def test_recompute_all_saves_nothing_and_pays_in_compute():
