@@ -11,6 +11,7 @@ from frontends.capture.costed_capture import capture_with_costs
 from frontends.capture.output_selection import check_outputs
 from frontends.capture.step import CapturedStep, capture
 from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
+from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from optimizer.split_plan import check_split, chunks_of, plan_with_split
 from solvers.ir.budget import Budget
 from solvers.ir.plan import Plan
@@ -35,7 +36,8 @@ def optimize(
     (powers of 2), or a percentage of plain autograd's peak (``"60%"``); a `Budget`. ``settings``
     are the fields of `solvers.planning.request.PlanRequest` (``solver``, ``time_limit``,
     ``threads``, ``verbose``, ``milp_engine``, ``cost_model``, ``allocator``, ``grad_outputs``,
-    ``python_side_effects``, ``outputs``, ``split``, ``split_mlp``); any other keyword raises
+    ``python_side_effects``, ``outputs``, ``split``, ``split_mlp``, ``optimizer``,
+    ``grad_accumulation``); any other keyword raises
     `SettingsError` naming them. ``solver`` is one of
     `solvers.SOLVERS`: ``auto`` (default: heuristics, then the exact MILP seeded by them when
     the graph is small enough), ``milp`` (the exact Checkmate MILP), ``greedy``, the classic
@@ -52,6 +54,12 @@ def optimize(
     graph cannot replay (Python or numpy random draws, attributes it changes, module hooks,
     tensor hooks registered in forward, reseeding; docs/limits.md "What the graph runtime preserves");
     ``"ignore"`` plans it with the values of capture time.
+
+    ``optimizer`` (docs/python-api.md "The whole training iteration"): the loop's optimizer, an
+    instance or a description (``"adamw"``, ``"adamw-8bit"``, ``"sgd-momentum"``, ...); the budget
+    is then the whole iteration's peak, optimizer state and the step's temporaries included, and
+    ``plan.breakdown`` says what each holds. ``grad_accumulation=k`` counts the gradients held
+    through k micro-batches. Without an optimizer its state is not counted (the report says so).
 
     Input sizes (docs/python-api.md "Input sizes"): the module runs inputs of any size up to the planned
     one in every dimension (a smaller last batch, a shorter sequence) with the planned schedule,
@@ -84,9 +92,11 @@ def optimize(
                        python_side_effects=request.python_side_effects, split_rows=head_chunks,
                        outputs=request.outputs, split_mlp=mlp_chunks)
 
+    loop = training_loop(list(model.parameters()), request.optimizer, request.grad_accumulation)
+
     def replan(larger: CapturedStep) -> Plan:
         return plan_graph(larger.graph, request.budget, request.solver, request.solver_options,
-                          graph_nodes=len(larger.gm.graph.nodes), allocator=request.allocator)
+                          graph_nodes=len(larger.gm.graph.nodes), allocator=request.allocator, loop=loop)
 
     def reschedule(smaller: CapturedStep, planned: Plan, message: str) -> Plan:
         return plan_for_schedule(smaller.graph, planned.schedule, planned.budget_bytes, planned, message=message)
@@ -106,6 +116,8 @@ def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
     a malformed split or outputs fails before the (slow) capture."""
     check_split(request.split, request.split_mlp)
     check_outputs(request.outputs)
+    check_optimizer(request.optimizer)
+    loop = training_loop(list(model.parameters()), request.optimizer, request.grad_accumulation)
 
     def capture_split(chunks: int, mlp_chunks: int) -> CapturedStep:
         return capture_with_costs(model, example_inputs, example_kwargs, request.cost_model, request.grad_outputs,
@@ -114,7 +126,7 @@ def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
 
     def plan_captured(captured: CapturedStep, budget_or_bytes) -> Plan:
         return plan_graph(captured.graph, budget_or_bytes, request.solver, request.solver_options,
-                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator)
+                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop)
 
     if request.split is None and request.split_mlp is None:
         captured = capture_split(1, 1)

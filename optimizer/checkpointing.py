@@ -46,8 +46,9 @@ from frontends.eager_runtime.eager_ops import (
 )
 from frontends.eager_runtime.eager_split import with_modules
 from frontends.eager_runtime.split_capture import capture_split, on_cpu
+from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.split.row_split import RowSplitError, check_chunks
-from solvers.base import SolverOptions
+from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.blocks import find_blocks
 from solvers.ir.budget import Budget
@@ -63,6 +64,7 @@ from solvers.planning.eager_plan import (
 )
 from solvers.planning.planner import plan_graph
 from solvers.planning.request import PlanRequest, SettingsError
+from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 
 
 def _policies(solution: EagerSolution, graph, trace: EagerTrace,
@@ -86,7 +88,8 @@ def _policies(solution: EagerSolution, graph, trace: EagerTrace,
     return tuple(regions)
 
 
-EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp")
+EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp",
+                  "optimizer", "grad_accumulation")
 """The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's)."""
 
 
@@ -129,6 +132,8 @@ def apply_checkpointing(
                             "(the head and the loss are two calls in the model's forward, not one module); "
                             "use the graph runtime, optimize(model, inputs, budget, split=k)")
     mlp_chunks = 1 if request.split_mlp is None else check_chunks(request.split_mlp, "split_mlp")
+    check_optimizer(request.optimizer)
+    loop = training_loop(list(model.parameters()), request.optimizer, request.grad_accumulation)
     capture_settings = (request.cost_model, request.grad_outputs, request.python_side_effects)
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     captured, trace, labels, splits, notes = capture_split(model, inputs, example_kwargs, mlp_chunks,
@@ -145,8 +150,16 @@ def apply_checkpointing(
     found = candidates(graph, trace, model)
     base_graph = graph
     graph = with_holds(graph, held_values(graph, trace, found))
-    solution = solve_eager(graph, found, planning_budget, time_limit_s=request.time_limit, chunked=labels.chunks)
-    plan = solution_plan(solution, graph, graph_nodes=len(captured.gm.graph.nodes))
+    store_all = simulate(graph, store_all_schedule(graph))
+    if loop.counts_anything:
+        planning_budget = loop_budget(loop, graph, planning_budget, store_all.peak_bytes, end_bytes(store_all))[1]
+    try:
+        solution = solve_eager(graph, found, planning_budget, time_limit_s=request.time_limit, chunked=labels.chunks)
+    except InfeasibleBudgetError as err:
+        raise iteration_error(err, loop.held_bytes(graph)) from None
+    plan = with_loop(solution_plan(solution, graph, graph_nodes=len(captured.gm.graph.nodes)), loop, graph,
+                     end_bytes(solution.simulation), end_bytes(store_all),
+                     in_place_accumulation=solution.graph)
     if captured.notes or notes:
         plan = dataclasses.replace(plan, message="; ".join((plan.message, *notes, *captured.notes)))
     regions = _policies(solution, graph, trace, found)
@@ -162,7 +175,8 @@ def apply_checkpointing(
     if unsplit_peak is not None:
         summary["unsplit_store_all_peak_bytes"] = unsplit_peak
     if compare:
-        summary.update(_comparisons(graph, base_graph, found, plan.budget_bytes, request.time_limit, labels.chunks))
+        summary.update(_comparisons(graph, base_graph, found, plan.budget_bytes, request.time_limit, labels.chunks,
+                                    loop))
     apply_regions(model, regions, splits)
     return CheckpointPlan(regions=regions, model_signature=model_signature(model),
                           model_class=type(model).__name__, plan=plan,
@@ -170,18 +184,22 @@ def apply_checkpointing(
 
 
 def _comparisons(graph, base_graph, found, budget: int, time_limit: float,
-                 chunked: tuple[str, ...] = ()) -> dict[str, Any]:
+                 chunked: tuple[str, ...] = (), loop: TrainingLoop | None = None) -> dict[str, Any]:
     """Per-block checkpointing (checkpoint every repeated block, save nothing) and the graph
-    runtime's plan at the same budget, for the summary."""
+    runtime's plan at the same budget, for the summary; with the ``loop``'s optimizer and
+    accumulation counted as in the plan."""
+    loop = loop or TrainingLoop()
     out: dict[str, Any] = {}
     blocks = [b.path for b in find_blocks(graph)]
     per_block = fixed_choice_solution(graph, found, blocks, "none", chunked) if blocks else None
     if per_block is not None:
         out["per_block_extra_flops"] = per_block.extra_flops
         out["per_block_extra_time_s"] = per_block.extra_cost
-        out["per_block_peak_bytes"] = per_block.simulation.peak_bytes
+        out["per_block_peak_bytes"] = max(per_block.simulation.peak_bytes + loop.held_bytes(graph),
+                                          loop.step_peak_bytes(end_bytes(per_block.simulation), graph))
     try:
-        graph_plan = plan_graph(base_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)))
+        graph_plan = plan_graph(base_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)),
+                                loop=loop)
         out["graph_runtime_extra_flops"] = graph_plan.extra_flops
         out["graph_runtime_extra_time_s"] = graph_plan.extra_time_s
         out["graph_runtime_peak_bytes"] = graph_plan.predicted_peak_bytes

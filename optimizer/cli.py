@@ -45,6 +45,7 @@ from solvers.planning.distributed_budget import DataParallelConfig, format_rank_
 from solvers.planning.parallel import default_jobs
 from solvers.planning.request import PlanRequest
 from solvers.planning.sweep import ALL_STRATEGIES, count_solves, parse_sweep
+from solvers.planning.training_loop import OPTIMIZERS
 
 EXIT_USAGE, EXIT_MODEL_FILE, EXIT_TRACE, EXIT_INFEASIBLE, EXIT_SOLVER, EXIT_OUTPUT = 2, 3, 4, 5, 6, 7
 EXIT_VERIFY_FAILED = 8
@@ -73,7 +74,19 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
         epilog="MODEL.py must define get_model() and get_inputs(); see the README. "
                "'remat-opt verify MODEL.py --budget B' checks a plan by running it.",
     )
-    parser.add_argument("model", help="Python file defining get_model() and get_inputs()")
+    if verify:
+        parser.add_argument("model", help="Python file defining get_model() and get_inputs()")
+    else:
+        parser.add_argument("model", nargs="?", help="Python file defining get_model() and get_inputs() "
+                                                     "(or give --hf-config or --timm instead)")
+        source = parser.add_argument_group("a model from its configuration alone (planned on the meta device)")
+        source.add_argument("--hf-config", metavar="PATH|NAME",
+                            help="a transformers causal LM's config.json (or a folder holding one, or a hub "
+                                 "name where the network allows): the model is built without weights")
+        source.add_argument("--timm", metavar="NAME", help="a timm image model, built without weights")
+        source.add_argument("--batch", type=int, default=1, metavar="N", help="batch size (default 1)")
+        source.add_argument("--seq", type=int, metavar="S",
+                            help="sequence length for --hf-config (default: the config's context, at most 4096)")
     parser.add_argument("--budget", required=verify,
                         help="peak memory of one training step: bytes, 16GB / 512MB (powers of 10), "
                              "2GiB / 512MiB (powers of 2), or a percentage of plain autograd's peak (60%%)")
@@ -106,6 +119,11 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                         help="losses (default): a model returning a scalar loss next to other "
                              "outputs is planned for loss.backward(); all: backward may start "
                              "from every output")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, metavar="NAME",
+                        help="count the training loop's optimizer (" + ", ".join(OPTIMIZERS) + "): the budget is "
+                             "then the whole iteration's, state and the step's temporaries included")
+    parser.add_argument("--grad-accumulation", type=int, default=1, metavar="K",
+                        help="micro-batches per optimizer step: the gradients are held through forward and backward")
     parser.add_argument("--measure", action="store_true",
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")
@@ -183,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report, passed = run_verify(args)
             print(report)
             return 0 if passed else EXIT_VERIFY_FAILED
+        _check_source(args)
         report = run_whatif(args) if is_whatif(args) else run(args)
     except CliError as err:
         print(f"remat-opt: error: {err}", file=sys.stderr)
@@ -222,10 +241,49 @@ def _load(args: argparse.Namespace):
         load_model_file,
     )
 
+    if getattr(args, "hf_config", None) or getattr(args, "timm", None):
+        return _config_model(args)
     try:
         return load_model_file(args.model, meta=getattr(args, "meta", False))
     except ModelFileError as err:
         raise CliError(str(err), EXIT_MODEL_FILE) from None
+
+
+def _config_model(args: argparse.Namespace):
+    """--hf-config / --timm: the model built on the meta device from its configuration."""
+    import torch  # heavy: not imported for --help or a usage error
+
+    from frontends.capture.config_model import (  # heavy: torch, as above
+        ConfigModelError,
+        hf_config_model,
+        timm_model,
+    )
+
+    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
+    try:
+        if args.hf_config:
+            return hf_config_model(args.hf_config, args.batch, args.seq, dtype)
+        return timm_model(args.timm, args.batch, dtype)
+    except ConfigModelError as err:
+        raise CliError(str(err), EXIT_MODEL_FILE) from None
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """One model source: a model file, --hf-config or --timm; the last two plan on meta."""
+    given = [name for name, value in (("MODEL.py", args.model), ("--hf-config", args.hf_config),
+                                      ("--timm", args.timm)) if value]
+    if len(given) != 1:
+        raise CliError("give one model: MODEL.py, --hf-config PATH or --timm NAME" if not given else
+                       f"give one model, not {' and '.join(given)}", EXIT_USAGE)
+    if (args.hf_config or args.timm) and not args.meta and not is_whatif(args):
+        args.meta = True  # no weights exist: the plan is made from shapes alone
+    if not (args.hf_config or args.timm) and (args.batch != 1 or args.seq is not None):
+        raise CliError("--batch and --seq size a model built by --hf-config or --timm; a model file "
+                       "sizes its own inputs in get_inputs()", EXIT_USAGE)
+    if args.hf_config or args.timm:
+        args.model = args.hf_config or args.timm
+    if args.grad_accumulation < 1:
+        raise CliError("--grad-accumulation takes a positive number of micro-batches per optimizer step", EXIT_USAGE)
 
 
 @contextlib.contextmanager
@@ -266,6 +324,9 @@ def _planning_errors(budget: str | int):
                     f"({format_bytes(err.smallest_feasible_bytes)}, {proven})")
             if not err.exact and err.lower_bound_bytes is not None:
                 hint += f"; remat-opt can plan nothing below {format_bytes(err.lower_bound_bytes)}"
+        elif err.lower_bound_bytes is not None:  # the optimizer step alone: no schedule changes it
+            hint = (f"{getattr(err, 'detail', '')}; try --budget {err.lower_bound_bytes} "
+                    f"({format_bytes(err.lower_bound_bytes)}) or more")
         raise CliError(f"budget {format_bytes(err.budget_bytes)} is too small{hint}", EXIT_INFEASIBLE) from None
     except SolverUnavailableError as err:
         raise CliError(str(err), EXIT_SOLVER) from None
@@ -302,6 +363,10 @@ def run(args: argparse.Namespace) -> str:
     if args.runtime == "eager" and (split is not None or split_mlp == "auto"):  # eager splits MLPs only
         raise CliError("--split and --split-mlp auto are planned by the graph runtime only: drop them with "
                        "--runtime eager (it takes --split-mlp M)", EXIT_USAGE)
+    loop_given = args.optimizer is not None or args.grad_accumulation != 1
+    if loop_given and (args.world_size is not None or args.strategy is not None):
+        raise CliError("--optimizer and --grad-accumulation are not counted per rank yet: drop them with "
+                       "--world-size or --strategy", EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
     if args.meta:
         return _run_meta(args, model, inputs, budget, cost_model, allocator)
@@ -315,15 +380,11 @@ def run(args: argparse.Namespace) -> str:
                        verbose=args.verbose, cost_model=cost_model, allocator=allocator,
                        milp_engine=args.milp_engine, grad_outputs=args.grad_outputs,
                        python_side_effects=args.python_side_effects, split=split, outputs=args.outputs,
-                       split_mlp=split_mlp)
+                       split_mlp=split_mlp, optimizer=args.optimizer, grad_accumulation=args.grad_accumulation)
     with _planning_errors(budget):
         module = optimize(model, inputs, request)
     plan = module.plan
-    measured = None
-    if args.measure:
-        from frontends.measure.step import measure_step  # heavy: torch, not imported for --help or a usage error
-
-        measured = measure_step(module, inputs)
+    measured = _measure(args, module, inputs) if args.measure else None
     if args.json:
         _write_plan_json(args.json, args.model, plan)
     if args.save_graphs:
@@ -333,10 +394,32 @@ def run(args: argparse.Namespace) -> str:
                 fh.write(f"{GENERATED_MARK} for {args.model}\n{gm.code}")
     report = format_plan(plan, args.model)
     if measured is not None:
-        report += (f"\n  measured           peak {format_bytes(measured.peak_bytes)}"
-                   f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
-                   f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
+        report += f"\n  measured           {_measured_line(measured, plan.predicted_peak_bytes)}"
     return report
+
+
+def _measure(args: argparse.Namespace, module, inputs):
+    """--measure: one training step, or with --optimizer three iterations of the whole loop."""
+    if args.optimizer is None:
+        from frontends.measure.step import measure_step  # heavy: torch, not imported for --help or a usage error
+
+        return measure_step(module, inputs)
+    from frontends.measure.loop import measure_training_loop  # heavy: torch, as above
+    from frontends.measure.optimizer_memory import OptimizerSpecError, make_optimizer  # heavy: torch, as above
+
+    try:
+        optimizer = make_optimizer(args.optimizer, list(module.parameters()))
+    except OptimizerSpecError as err:
+        raise CliError(f"--measure --optimizer {args.optimizer}: {err}", EXIT_USAGE) from None
+    return measure_training_loop(module, inputs, None, optimizer, grad_accumulation=args.grad_accumulation)
+
+
+def _measured_line(measured, predicted: int) -> str:
+    """A step's or a loop's measured peak beside the prediction."""
+    line = f"peak {format_bytes(measured.peak_bytes)} ({100 * (measured.peak_bytes / predicted - 1):+.2f}% vs planned)"
+    if hasattr(measured, "step_time_s"):
+        return f"{line}, step {1000 * measured.step_time_s:.1f} ms on {measured.device}"
+    return f"{line}, training iterations 2-{len(measured.iteration_peaks) + 1} with the optimizer on {measured.device}"
 
 
 def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, split_mlp: int | None = None) -> str:
@@ -356,17 +439,13 @@ def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, spli
         _check_writable(args.emit)
     request = _request(budget, "remat-opt --runtime eager", EAGER_SETTINGS, time_limit=args.time_limit,
                        cost_model=cost_model or "auto", grad_outputs=args.grad_outputs,
-                       python_side_effects=args.python_side_effects, split_mlp=split_mlp)
+                       python_side_effects=args.python_side_effects, split_mlp=split_mlp,
+                       optimizer=args.optimizer, grad_accumulation=args.grad_accumulation)
     with _planning_errors(budget):
         plan = apply_checkpointing(model, inputs, budget=request)
     report = f"{args.model}\n" + describe(plan)
     if args.measure:
-        from frontends.measure.step import measure_step  # heavy: torch, not imported for --help or a usage error
-
-        measured = measure_step(model, inputs)
-        report += (f"\nmeasured peak {format_bytes(measured.peak_bytes)}"
-                   f" ({100 * (measured.peak_bytes / plan.predicted_peak_bytes - 1):+.2f}% vs planned),"
-                   f" step {1000 * measured.step_time_s:.1f} ms on {measured.device}")
+        report += f"\nmeasured {_measured_line(_measure(args, model, inputs), plan.predicted_peak_bytes)}"
     if args.emit:
         plan.save(args.emit)
         report += f"\nplan written to {args.emit} (apply it with load_checkpointing(model, path))"
@@ -393,7 +472,9 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
         planned = plan_without_hardware(model, inputs, budget, solver=solver,
                                         time_limit=args.time_limit, cost_model=cost_model,
                                         verbose=args.verbose, name=args.model, allocator=allocator,
-                                        grad_outputs=args.grad_outputs)
+                                        grad_outputs=args.grad_outputs, optimizer=args.optimizer,
+                                        grad_accumulation=args.grad_accumulation,
+                                        device="cuda" if args.device else "cpu")
     if args.json:
         _write_plan_json(args.json, args.model, planned.plan)
     return planned.report
@@ -474,7 +555,8 @@ def run_whatif(args: argparse.Namespace) -> str:
         options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose, milp_engine=args.milp_engine),
         cost_model=cost_model, allocator=allocator, device=args.device, dtype=args.dtype,
         batch_dim=args.batch_dim, batch_limit=args.batch_limit, torch_fractions=fractions,
-        plots=bool(args.report or args.plots), jobs=args.jobs,
+        plots=bool(args.report or args.plots), jobs=args.jobs, optimizer=args.optimizer,
+        grad_accumulation=args.grad_accumulation,
     )
     total = None if args.max_batch else 2 + count_solves(strategies, len(sweep))
     with _planning_errors(budget), _side_effects_policy(args), _progress_bar(total) as tick:

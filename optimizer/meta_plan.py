@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from frontends.capture.costed_capture import capture_with_costs
+from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.torch_compat import FakeTensor, tree_map
 from solvers.base import SolverOptions
 from solvers.ir.plan import Plan
@@ -62,6 +63,9 @@ def plan_without_hardware(
     name: str = "model",
     allocator=None,
     grad_outputs: str = "losses",
+    optimizer: str | None = None,
+    grad_accumulation: int = 1,
+    device: str = "cpu",
 ) -> MetaPlan:
     """Capture ``model`` on shapes alone and plan it for ``budget`` (report only).
 
@@ -70,12 +74,16 @@ def plan_without_hardware(
     and dtypes, on any device (moved to meta). ``cost_model``: ``flops`` or
     ``roofline:<device>`` (``profile`` would have to run the ops). ``allocator``: an
     `solvers.ir.allocator.AllocatorModel` for a CUDA device's rounding and margins.
-    ``grad_outputs``: as in `optimizer.optimize`.
+    ``grad_outputs``: as in `optimizer.optimize`. ``optimizer`` (a description, `OPTIMIZERS`)
+    and ``grad_accumulation``: the whole iteration as the budget, the optimizer's memory measured
+    on fake parameters of ``device`` (``cuda``: torch's foreach path, step counters on the host).
     """
     if cost_model == "profile":
         raise ValueError("the profile cost model times ops on a device; plan without hardware "
                          "with cost_model='flops' or 'roofline:<device>'")
+    check_optimizer(optimizer)
     module = _build(model)
+    loop = training_loop(list(module.parameters()), optimizer, grad_accumulation, device=device)
     fake = any(isinstance(t, FakeTensor) for t in [*module.parameters(), *module.buffers()])
     inputs = tuple(example_inputs) if fake else tree_map(_to_meta, tuple(example_inputs))
     start = time.perf_counter()
@@ -85,7 +93,7 @@ def plan_without_hardware(
     fx_nodes = len(captured.gm.graph.nodes)
     start = time.perf_counter()
     plan = plan_graph(captured.graph, budget, solver, options, graph_nodes=fx_nodes,
-                      allocator=allocator)
+                      allocator=allocator, loop=loop)
     plan_s = time.perf_counter() - start
     report = format_plan(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \
         f"plan {plan_s:.1f} s; nothing was allocated or run)"

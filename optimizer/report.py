@@ -40,6 +40,12 @@ class WhatIfSettings:
     """``bf16``, ``fp16``, ``fp32`` when the report casts the model; None: the model's own."""
     allocator: str = "none"
     budget_bytes: int | None = None
+    optimizer: str = "not counted"
+    """The training loop's optimizer and accumulation the budget includes (`solvers.planning.training_loop`)."""
+    loop_bytes: int = 0
+    """What the loop holds beside forward and backward: optimizer state, accumulated gradients."""
+    optimizer_step_peak_bytes: int = 0
+    """The optimizer step's own peak at the example batch (0: no optimizer counted)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,9 @@ def tables(report: WhatIfReport) -> list[Table]:
         ("cost model", s.cost_model + (f" (device {s.device})" if s.device else "")),
         ("dtype", s.dtype or "the model's own"),
         ("allocator", s.allocator),
+        ("training loop", s.optimizer if not s.loop_bytes else
+         f"{s.optimizer}: {format_bytes(s.loop_bytes)} held through forward and backward, "
+         f"optimizer step peak {format_bytes(s.optimizer_step_peak_bytes)}; the budget is the iteration's"),
         ("remat-opt solver", f"{s.solver}, time limit {s.time_limit_s:g} s per budget"),
     ))]
     if report.sweep is not None:

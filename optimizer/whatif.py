@@ -17,12 +17,14 @@ from typing import Callable
 
 from frontends.capture.meta_capture import MetaCapturer
 from frontends.compile.torch_partitioner import partition_schedules
+from frontends.measure.optimizer_memory import training_loop
 from optimizer.report import GraphFacts, WhatIfReport, WhatIfSettings
 from solvers.base import SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
-from solvers.ir.budget import Budget, resolve_budget
+from solvers.ir.budget import Budget
+from solvers.ir.simulator import simulate
 from solvers.ir.timeline import memory_timeline
 from solvers.planning.batch_scaling import ScalingMismatch
 from solvers.planning.batch_search import (
@@ -44,6 +46,7 @@ from solvers.planning.sweep import (
     SweepResult,
     run_sweep,
 )
+from solvers.planning.training_loop import TrainingLoop, end_bytes, loop_budget
 
 Progress = Callable[[str], None]
 
@@ -78,6 +81,10 @@ class WhatIfRequest:
     predict each batch's graph from a fit checked by captures (`MetaCapturer.fit_scaling`)."""
     jobs: int = 1
     """Workers for the independent searches and solves (`solvers.planning.parallel`)."""
+    optimizer: str | None = None
+    """An optimizer description (`OPTIMIZERS`): the budget is then the whole iteration's
+    (`solvers.planning.training_loop`), its memory measured on fake parameters of the device."""
+    grad_accumulation: int = 1
 
 
 def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | None = None) -> WhatIfReport:
@@ -90,11 +97,19 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     tick("captured the training step")
     graph = captured.graph
     store_all_peak = store_all_peak_bytes(graph, allocator)
-    budget_bytes = None if request.budget is None else resolve_budget(request.budget, store_all_peak)
+    loop = training_loop(list(model.parameters()), request.optimizer, request.grad_accumulation,
+                         device="cuda" if request.device else "cpu")
+    held = loop.held_bytes(graph)
+    optimizer_step_peak = _optimizer_step_peak(loop, graph, allocator)
+    budget_bytes = step_budget = None
+    if request.budget is not None:
+        budget_bytes, step_budget = loop_budget(loop, allocator.apply(graph), request.budget,
+                                                store_all_peak, _end(graph, allocator))
     settings = WhatIfSettings(
         model=request.model_name, cost_model=graph.cost_model, solver=request.solver,
         time_limit_s=request.options.time_limit_s, device=request.device, dtype=request.dtype,
         allocator=allocator.describe(), budget_bytes=budget_bytes,
+        optimizer=_loop_name(loop), loop_bytes=held, optimizer_step_peak_bytes=optimizer_step_peak,
     )
     facts = GraphFacts(
         nodes=len(captured.gm.graph.nodes), values=len(graph.ops), store_all_peak_bytes=store_all_peak,
@@ -112,8 +127,8 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
 
     sweep = sweep_at(captured, request.sweep) if request.sweep else None
     timeline_sweep = sweep
-    if budget_bytes is not None:  # the plan at --budget, unless it recomputes nothing
-        at_budget = run_sweep(graph, [budget_bytes], strategies=(REMAT_OPT,), solver=request.solver,
+    if step_budget is not None:  # the plan at --budget, unless it recomputes nothing
+        at_budget = run_sweep(graph, [step_budget], strategies=(REMAT_OPT,), solver=request.solver,
                               options=request.options, allocator=allocator, progress=tick)
         if sweep is None or any(p.extra_time_s for p in at_budget.curve(REMAT_OPT)):
             timeline_sweep = at_budget
@@ -124,13 +139,21 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
         if budget_bytes is None:
             raise WhatIfError("the largest-batch search needs a budget: give --budget (or --device)")
 
+        def step_fits(step) -> bool:
+            """The optimizer step at this batch fits (it grows only with the outputs held)."""
+            return not loop.optimizer or _optimizer_step_peak(loop, step.graph, allocator) <= budget_bytes
+
         def decide(step, strategy: str, budget: int):
+            if not step_fits(step):
+                return False
             if strategy == TORCH_STRATEGY:
                 return None
             searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
             return cheap_fit(step.graph, budget, allocator, searching, request.options)
 
         def evaluate(step, strategy: str, budget: int):
+            if not step_fits(step):
+                return None
             externals = torch_partitions(step.batch) if strategy == TORCH_STRATEGY else ()
             result = run_sweep(step.graph, [budget], strategies=(strategy,), solver=request.solver,
                                options=request.options, allocator=allocator, externals=externals)
@@ -156,14 +179,14 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                                allocator=allocator, externals=externals)
             return result.best_at(strategy, budget)
 
-        ceiling = (_scaled_ceiling(capturer, budget_bytes, allocator, request.batch_limit, tick)
+        ceiling = (_scaled_ceiling(capturer, step_budget, allocator, request.batch_limit, tick)
                    if request.bounds else None)
         near = {}
         if ceiling is not None and request.solver in SEARCHING_SOLVERS:
-            near[REMAT_OPT] = classic_floor(capturer.graph_at, budget_bytes, allocator, request.batch_limit,
+            near[REMAT_OPT] = classic_floor(capturer.graph_at, step_budget, allocator, request.batch_limit,
                                             start=ceiling - 1, high=ceiling) or 1
         max_batch = find_max_batches(
-            capturer, budget_bytes, request.strategies, evaluate, limit=request.batch_limit, progress=tick,
+            capturer, step_budget, request.strategies, evaluate, limit=request.batch_limit, progress=tick,
             decide=decide if request.bounds else None, ceiling=ceiling,
             approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
             if capturer.scaling is not None else None,
@@ -171,6 +194,23 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
         )
     report = WhatIfReport(settings, facts, sweep, max_batch, timelines)
     return replace(report, plots=_plots(report)) if request.plots else report
+
+
+def _end(graph, allocator: AllocatorModel) -> int:
+    """Live bytes when plain autograd's backward ends (what the optimizer step starts from)."""
+    checked = allocator.apply(graph)
+    return allocator.planned_peak(end_bytes(simulate(checked, store_all_schedule(checked))))
+
+
+def _optimizer_step_peak(loop: TrainingLoop, graph, allocator: AllocatorModel) -> int:
+    return loop.step_peak_bytes(_end(graph, allocator), allocator.apply(graph)) if loop.optimizer else 0
+
+
+def _loop_name(loop: TrainingLoop) -> str:
+    if not loop.counts_anything:
+        return "optimizer state not counted (give --optimizer)"
+    name = loop.optimizer.name if loop.optimizer else "no optimizer"
+    return name + (f", {loop.grad_accumulation} micro-batches" if loop.grad_accumulation > 1 else "")
 
 
 def _scaled_ceiling(capturer: MetaCapturer, budget_bytes: int, allocator: AllocatorModel, limit: int,

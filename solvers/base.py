@@ -123,6 +123,7 @@ class InfeasibleBudgetError(ValueError):
     def __init__(self, budget_bytes: int, smallest_feasible_bytes: int | None, detail: str = "",
                  *, exact: bool = False, lower_bound_bytes: int | None = None):
         self.budget_bytes = budget_bytes
+        self.detail = detail
         self.smallest_feasible_bytes = smallest_feasible_bytes
         self.exact = exact and smallest_feasible_bytes is not None
         self.lower_bound_bytes = lower_bound_bytes

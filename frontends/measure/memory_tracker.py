@@ -51,8 +51,9 @@ class MemoryMeasurement:
     """Tracked storages still alive when the block exited (e.g. gradients, returned outputs)."""
 
 
-def _storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
-    """Untyped storages behind ``tensor``, looking through wrapper subclasses; none for meta."""
+def _storages(tensor: torch.Tensor, fake: bool = False) -> list[torch.UntypedStorage]:
+    """Untyped storages behind ``tensor``, looking through wrapper subclasses; none for meta
+    unless ``fake`` (a FakeTensor's storage is a meta storage of the bytes it stands for)."""
     found: list[torch.UntypedStorage] = []
     pending: list[torch.Tensor] = [tensor]
     while pending:
@@ -67,14 +68,14 @@ def _storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
             continue
-        if storage.device.type != "meta":
+        if fake or storage.device.type != "meta":
             found.append(storage)
     return found
 
 
-def _tensor_storages(tree: Any) -> list[torch.UntypedStorage]:
+def _tensor_storages(tree: Any, fake: bool = False) -> list[torch.UntypedStorage]:
     tensors = [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
-    return [storage for t in tensors for storage in _storages(t)]
+    return [storage for t in tensors for storage in _storages(t, fake)]
 
 
 class _StorageLedger:
@@ -147,9 +148,10 @@ class _StorageLedger:
 class _StorageTrackingMode(TorchDispatchMode):
     """Runs each aten op unchanged and reports its output storages to the ledger."""
 
-    def __init__(self, ledger: _StorageLedger) -> None:
+    def __init__(self, ledger: _StorageLedger, fake: bool = False) -> None:
         super().__init__()
         self._ledger = ledger
+        self._fake = fake
 
     def __torch_dispatch__(
         self,
@@ -160,24 +162,25 @@ class _StorageTrackingMode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        outputs = _tensor_storages(out)
+        outputs = _tensor_storages(out, self._fake)
         if outputs:
-            self._ledger.record(outputs, partial(_tensor_storages, (args, kwargs)))
+            self._ledger.record(outputs, partial(_tensor_storages, (args, kwargs), self._fake))
         return out
 
 
 class LiveMemoryTracker:
     """Context manager handle; ``result`` holds the measurement once the block has exited."""
 
-    def __init__(self) -> None:
+    def __init__(self, fake: bool = False) -> None:
         self._ledger = _StorageLedger()
+        self._fake = fake
         self._mode: _StorageTrackingMode | None = None
         self._result: MemoryMeasurement | None = None
 
     def __enter__(self) -> LiveMemoryTracker:
         if self._mode is not None or self._result is not None:
             raise RuntimeError("a LiveMemoryTracker can be entered once; create a new one")
-        self._mode = _StorageTrackingMode(self._ledger)
+        self._mode = _StorageTrackingMode(self._ledger, self._fake)
         self._mode.__enter__()
         return self
 
@@ -200,6 +203,8 @@ class LiveMemoryTracker:
         return self._result
 
 
-def track_live_memory() -> LiveMemoryTracker:
-    """Track storages allocated inside ``with track_live_memory() as m:``; read ``m.result``."""
-    return LiveMemoryTracker()
+def track_live_memory(fake: bool = False) -> LiveMemoryTracker:
+    """Track storages allocated inside ``with track_live_memory() as m:``; read ``m.result``.
+    ``fake=True`` counts FakeTensors' (meta) storages too: enter it inside the FakeTensorMode,
+    to measure code run on fake tensors (an optimizer's step on a model too large to hold)."""
+    return LiveMemoryTracker(fake)

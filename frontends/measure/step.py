@@ -78,7 +78,8 @@ def measure_step(
     )
 
 
-def _step(module: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
+def forward_backward(module: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
+    """One forward and ``loss.backward()``; the outputs are dropped when it returns."""
     out = module(*inputs, **kwargs)
     if hasattr(out, "to_tuple"):  # a Hugging Face ModelOutput: the loss comes first
         out = out.to_tuple()
@@ -92,7 +93,7 @@ def _timed_step(module: torch.nn.Module, inputs: tuple, kwargs: dict, device: to
     _clear_grads(module)
     _synchronize(device)
     start = time.perf_counter()
-    _step(module, inputs, kwargs)
+    forward_backward(module, inputs, kwargs)
     _synchronize(device)
     return time.perf_counter() - start
 
@@ -102,7 +103,7 @@ def _cpu_peak(module: torch.nn.Module, inputs: tuple, kwargs: dict) -> tuple[int
     gc.collect()
     resident = unique_storage_bytes([*module.parameters(), *module.buffers(), *tree_flatten((inputs, kwargs))[0]])
     with track_live_memory() as tracker:
-        _step(module, inputs, kwargs)
+        forward_backward(module, inputs, kwargs)
     return resident + tracker.result.peak_bytes, resident
 
 
@@ -112,7 +113,7 @@ def _cuda_peak(module: torch.nn.Module, inputs: tuple, kwargs: dict, device: tor
     torch.cuda.synchronize(device)
     resident = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    _step(module, inputs, kwargs)
+    forward_backward(module, inputs, kwargs)
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device), resident
 

@@ -25,6 +25,20 @@ class BudgetBreakdown:
     """User inputs (held by the caller for the whole step)."""
     activations_bytes: int
     """What remains of the budget for activations (and output gradients): may be negative."""
+    optimizer: str = "not counted"
+    """The optimizer whose memory the plan counts (`solvers.planning.training_loop`), or "not counted"."""
+    optimizer_bytes: int = 0
+    """Optimizer state, resident through every forward and backward after the first step."""
+    optimizer_step_bytes: int = 0
+    """What the optimizer step allocates and frees on top of the state."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step."""
+    accumulated_gradients_bytes: int = 0
+    """``param.grad`` held through the later micro-batches' forward and backward (0 without accumulation)."""
+    forward_backward_peak_bytes: int = 0
+    """Forward + backward's planned peak with what the loop holds beside it (0: no loop counted)."""
+    optimizer_step_peak_bytes: int = 0
+    """The optimizer step's own peak (0: no optimizer counted)."""
 
 
 @dataclass(frozen=True)

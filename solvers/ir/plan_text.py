@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 from solvers.ir.budget import format_bytes
-from solvers.ir.plan import Plan
+from solvers.ir.plan import BudgetBreakdown, Plan
+
+NOT_COUNTED = ("optimizer state is not counted: pass optimizer= (--optimizer), an instance or 'adamw', "
+               "'sgd-momentum', ..., to plan the whole training iteration")
+"""The report's line when the plan counts no optimizer."""
+
+
+def _loop_lines(b: BudgetBreakdown) -> list[str]:
+    """The training loop's terms (`solvers.planning.training_loop`), or the line saying there are none."""
+    if b.forward_backward_peak_bytes == 0:
+        return [f"    optimizer        {NOT_COUNTED}"]
+    lines = [f"    optimizer        {format_bytes(b.optimizer_bytes)} state of {b.optimizer}"]
+    if b.grad_accumulation > 1:
+        lines.append(f"    accumulation     {format_bytes(b.accumulated_gradients_bytes)} of gradients held "
+                     f"through {b.grad_accumulation} micro-batches")
+    lines.append(f"  iteration          forward+backward peak {format_bytes(b.forward_backward_peak_bytes)}, "
+                 f"optimizer step peak {format_bytes(b.optimizer_step_peak_bytes)} "
+                 f"(+{format_bytes(b.optimizer_step_bytes)} temporaries)")
+    return lines
 
 
 def format_plan(plan: Plan, model_path: str) -> str:
@@ -21,6 +39,7 @@ def format_plan(plan: Plan, model_path: str) -> str:
         f"    gradients        {format_bytes(b.gradients_bytes)}",
         f"    inputs           {format_bytes(b.inputs_bytes)}",
         f"    activations      {format_bytes(b.activations_bytes)} left for activations",
+        *_loop_lines(b),
         f"  planned peak       {format_bytes(plan.predicted_peak_bytes)}"
         f" ({100 * plan.predicted_peak_bytes / plan.store_all_peak_bytes:.0f}% of store-all)",
         f"  extra compute      {plan.extra_flops:.3g} FLOPs, {plan.extra_time_s:.3g} s"

@@ -125,6 +125,8 @@ class EagerSolution:
     status: str
     solve_time_s: float
     message: str
+    graph: RematGraph | None = None
+    """The graph ``schedule`` runs on: the planned one with the chosen regions' random ops replayable."""
 
 
 def replayable_graph(graph: RematGraph, values: Iterable[str]) -> RematGraph:
@@ -676,7 +678,7 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         choices=choices, schedule=model.schedule(choices), simulation=sim, store_all=store_all,
         budget_bytes=budget_bytes, extra_cost=point[1],
         extra_flops=sum(o.extra_flops for o in choices), bound=bound, status=status,
-        solve_time_s=time.perf_counter() - start,
+        solve_time_s=time.perf_counter() - start, graph=g,
         message=f"eager runtime: {sum(c.option != CHUNKED for c in choices)} regions checkpointed"
                 + (f", {sum(c.option == CHUNKED for c in choices)} MLP row chunks under their own checkpoint"
                    if model.chunk_groups else "") + gap_note)
@@ -725,4 +727,5 @@ def fixed_choice_solution(graph: RematGraph, candidates: Sequence[RegionCandidat
         store_all=store_all, budget_bytes=sim.peak_bytes,
         extra_cost=sum(o.extra_cost for o in choices),
         extra_flops=sum(o.extra_flops for o in choices), bound=None, status="heuristic",
-        solve_time_s=time.perf_counter() - start, message=f"{len(choices)} regions, {option}")
+        solve_time_s=time.perf_counter() - start, message=f"{len(choices)} regions, {option}",
+        graph=model.graph)

@@ -13,11 +13,11 @@ from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, Solv
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import MinBudget, smallest_feasible_budget
 from solvers.ir.allocator import AllocatorModel
-from solvers.ir.budget import resolve_budget
 from solvers.ir.graph import RematGraph
 from solvers.ir.plan import BudgetBreakdown, ModuleSummary, Plan
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
+from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 
 
 def store_all_peak_bytes(graph: RematGraph, allocator: AllocatorModel) -> int:
@@ -34,9 +34,15 @@ def plan_graph(
     options: SolverOptions = SolverOptions(),
     graph_nodes: int = 0,
     allocator: AllocatorModel | None = None,
+    loop: TrainingLoop | None = None,
 ) -> Plan:
     """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
     return the simulated plan.
+
+    With a ``loop`` that counts an optimizer or gradient accumulation, ``budget`` is the whole
+    iteration's peak (`solvers.planning.training_loop`): the graph is planned for the budget less
+    what the loop holds beside it, the optimizer step's own peak must fit too, and the plan's
+    peaks, percentages and breakdown are the iteration's.
 
     With an ``allocator`` (a CUDA caching allocator's block rounding, workspace reserve and
     fragmentation margin), every value is rounded to whole blocks and the planned peak includes
@@ -46,20 +52,27 @@ def plan_graph(
     when `solvers.checkmate.min_budget` proves it; its search is capped at 10 s).
     """
     allocator = allocator or AllocatorModel(block_bytes=1)
-    budget_bytes = resolve_budget(budget, store_all_peak_bytes(graph, allocator))
+    loop = loop or TrainingLoop()
     graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
-    solver_budget = allocator.solver_budget(budget_bytes)
-    result = _solve(graph, budget_bytes, solver_budget, solver, options, allocator)
+    budget_bytes, graph_budget = loop_budget(loop, graph, budget, allocator.planned_peak(store_all.peak_bytes),
+                                             allocator.planned_peak(end_bytes(store_all)))
+    solver_budget = allocator.solver_budget(graph_budget)
+    try:
+        result = _solve(graph, graph_budget, solver_budget, solver, options, allocator)
+    except InfeasibleBudgetError as err:
+        raise iteration_error(err, loop.held_bytes(graph)) from None
     sim = simulate(graph, result.schedule)
     if sim.peak_bytes > solver_budget:
         raise AssertionError(
             f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
             f"for a budget of {budget_bytes}: this is a bug in the solver"
         )
-    return _plan(graph, budget_bytes, solver, result.status.value, store_all, sim, result.schedule,
+    plan = _plan(graph, graph_budget, solver, result.status.value, store_all, sim, result.schedule,
                  allocator, graph_nodes, bound=result.bound, gap=result.gap,
                  solve_time_s=result.solve_time_s, message=result.message)
+    return with_loop(plan, loop, graph, allocator.planned_peak(end_bytes(sim)),
+                     allocator.planned_peak(end_bytes(store_all)))
 
 
 def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,

@@ -58,6 +58,12 @@ class PlanRequest:
     """The LM head and its loss in k row chunks, ``"auto"`` to choose k, None for whole."""
     split_mlp: int | str | None = None
     """Every MLP in m row chunks, ``"auto"``, or None (1; searched too under ``split="auto"``)."""
+    optimizer: object = None
+    """The training loop's optimizer: a ``torch.optim.Optimizer``, a description (``"adamw"``,
+    ``"adamw-8bit"``, ``"sgd-momentum"``, ...: `frontends.measure.optimizer_memory`), or None (its
+    state is not counted, and the plan says so). With one, the budget is the whole iteration's."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step: above 1, the gradients are held through forward and backward."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -70,6 +76,9 @@ class PlanRequest:
             raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
         if self.milp_engine not in MILP_ENGINES:
             raise ValueError(f"unknown milp_engine {self.milp_engine!r}: choose one of {', '.join(MILP_ENGINES)}")
+        k = self.grad_accumulation
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"grad_accumulation is a positive number of micro-batches per optimizer step, got {k!r}")
         if self.allocator is not None and not isinstance(self.allocator, AllocatorModel):
             raise SettingsError(f"allocator must be an AllocatorModel or None, got {type(self.allocator).__name__}")
 
