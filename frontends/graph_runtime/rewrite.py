@@ -9,7 +9,8 @@ backward-only, then torch's own ``_extract_fwd_bwd_modules`` splits the graph in
 forward (which returns the outputs and the values backward reads: the saved set) and the
 backward. fx frees each value after its last read, which is exactly the simulator's model.
 A recomputed random op runs through `frontends.graph_runtime.rng_replay.replay` with the generator state saved
-before its first run, so it draws the same numbers.
+before its first run, so it draws the same numbers. On the CPU, dropout's ops run through
+`frontends.graph_runtime.cpu_kernels` (same values, faster than aten's CPU kernels).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import fx
 
 from frontends.capture.step import CapturedStep
+from frontends.graph_runtime.cpu_kernels import cpu_kernel
 from frontends.graph_runtime.rng_replay import RNG_STATE_META, replay, state_device
 from frontends.torch_compat import _extract_fwd_bwd_modules, is_sym_node
 from solvers.ir.schedule import Schedule, StepKind
@@ -161,12 +163,13 @@ class _JointBuilder:
         count = self.instance.get(value, 0)
         suffix = "" if count == 0 else "_recomputed" + ("" if count == 1 else f"_{count - 1}")
         copy = self._copy(op, tag, op.name + suffix)
+        copy.target = cpu_kernel(op)
         if tag == BACKWARD_TAG and op.target in _WITHOUT_STATS:
             copy.target, copy.args = _WITHOUT_STATS[op.target](copy.args)
         state = op.meta.get(RNG_STATE_META)
         if count and state:  # a recomputed random op draws what its first run drew
             copy.args = (self.read(self.by_name[state], tag), state_device(self.by_name[state]),
-                         op.target, *copy.args)
+                         copy.target, *copy.args)
             copy.target = replay
         if suffix:
             self.recomputed.append(copy.name)
