@@ -46,13 +46,19 @@ class _FamilyTables:
         self.droppable = frozenset(read_in_backward - self.kept)
 
 
-def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once: bool = False) -> Schedule:
+def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once: bool = False,
+                        retain: frozenset[str] | None = None) -> Schedule:
     """Forward computes everything once; backward recomputes unsaved inputs just in time.
 
     ``recompute_once``: a recomputed closure stays available to later readers (a shared
     producer, such as a qkv projection read through q, k and v, runs once, as PyTorch's min-cut
     partitioner runs it) instead of being recomputed for each reader; it costs memory between
-    readers, so neither variant dominates."""
+    readers, so neither variant dominates.
+    ``retain``: only these recomputed values stay available to later readers (None: all that
+    the variant keeps); the others are recomputed for every reader and die right after it, as
+    recompute-all's do. Near the smallest budget that is what fits: at the end of backward,
+    where almost every gradient is live, a recomputed value held between two readers is what
+    overshoots (`solvers.repair`)."""
     tables = per_graph(graph, _FamilyTables)
     members_of = tables.members
     available = set(tables.kept)
@@ -67,14 +73,15 @@ def schedule_from_saved(graph: RematGraph, saved: frozenset[str], recompute_once
                 closure = forward_closure(graph, missing, available)
                 backward.extend(closure)
                 for name in closure if recompute_once else missing:
-                    available.update(members_of.get(name) or graph.group_of(name))
+                    if retain is None or name in retain:
+                        available.update(members_of.get(name) or graph.group_of(name))
                 break
         backward.extend(members)
         available.update(members)
     return Schedule.from_computes(graph, tables.forward, backward)
 
 
-def _droppable(graph: RematGraph) -> frozenset[str]:
+def droppable(graph: RematGraph) -> frozenset[str]:
     """Forward values backward reads that a schedule may decline to save."""
     return per_graph(graph, _FamilyTables).droppable
 
@@ -88,7 +95,7 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
                      once: bool = False) -> tuple[Schedule, SimulationResult]:
     """The cheapest schedule of this family found for the budget (or the leanest one found);
     ``once``: the recompute-once variant of the family (`schedule_from_saved`)."""
-    saved = set(_droppable(graph))
+    saved = set(droppable(graph))
     best_schedule = schedule_from_saved(graph, frozenset(saved), once)
     best = simulate(graph, best_schedule)
     while best.peak_bytes > budget_bytes and saved and time.perf_counter() < deadline:
@@ -109,7 +116,7 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
         saved.discard(dropped)
     if best.peak_bytes <= budget_bytes:
         best_schedule, best = resave(graph, saved, best_schedule, best, budget_bytes, deadline,
-                                     _droppable(graph), once)
+                                     droppable(graph), once)
     return best_schedule, best
 
 

@@ -18,6 +18,7 @@ from solvers.ir.plan import BudgetBreakdown, ModuleSummary, Plan
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
 from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
+from solvers.remat_bound import base_cost_bound
 
 
 def store_all_peak_bytes(graph: RematGraph, allocator: AllocatorModel) -> int:
@@ -153,8 +154,12 @@ def _solve(graph: RematGraph, budget_bytes: int, solver_budget: int, solver: str
         sim = simulate(graph, found.schedule)
         if sim.peak_bytes <= solver_budget:
             why = f"{message}; " if message else ""
-            return SolveResult(solver=solver, status=SolveStatus.HEURISTIC, schedule=found.schedule,
-                               objective=sim.total_cost, bound=None,
+            # The solver's own bound when it proved one, else the step's cost (every op runs
+            # once): either is a proven floor, so the plan's gap is always a proven figure.
+            proven = result.bound if result is not None and result.bound is not None else \
+                base_cost_bound(graph, "the smallest-budget search's schedule").bound
+            return SolveResult(solver=solver, status=SolveStatus.FEASIBLE, schedule=found.schedule,
+                               objective=sim.total_cost, bound=min(proven, sim.total_cost),
                                solve_time_s=time.perf_counter() - start,
                                message=f"{why}the smallest-budget search's schedule ({found.method})")
     raise _infeasible(found, budget_bytes, solver, allocator, message)

@@ -354,7 +354,7 @@ def test_simulate_matches_the_reference_step_for_step_and_error_for_error() -> N
         rng = random.Random(len(graph))
         names = [n.name for n in graph.nodes] + ["nope"]
         schedules = [store_all_schedule(graph), recompute_all_schedule(graph)]
-        schedules.append(greedy.schedule_from_saved(graph, frozenset(sorted(greedy._droppable(graph))[::2])))
+        schedules.append(greedy.schedule_from_saved(graph, frozenset(sorted(greedy.droppable(graph))[::2])))
         for schedule in list(schedules):
             schedules += _mutants(schedule, names, rng, 25)
         for schedule in schedules:
@@ -381,7 +381,7 @@ def test_simulate_accepts_steps_built_by_hand_like_the_reference() -> None:
 def test_schedule_from_saved_matches_the_reference(once: bool) -> None:
     for graph in _graphs():
         rng = random.Random(len(graph) + once)
-        droppable = sorted(greedy._droppable(graph))
+        droppable = sorted(greedy.droppable(graph))
         for _ in range(6):
             saved = frozenset(v for v in droppable if rng.random() < 0.5)
             expected = _outcome(lambda: reference_schedule_from_saved(graph, saved, once))
