@@ -29,6 +29,7 @@ SOLVERS: dict[str, tuple[str, str]] = {
     "chain-dp": ("solvers.chain_dp", "solve_chain_dp"),
     "rotor": ("solvers.rotor", "solve_rotor"),
     "hierarchical": ("solvers.hierarchical", "solve_hierarchical"),
+    "intervals": ("solvers.checkmate.intervals", "solve_intervals"),
 }
 
 

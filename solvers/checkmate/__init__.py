@@ -5,5 +5,9 @@
 - `milp_model` / `milp_engines` / `milp`: the PuLP MILP, its engines (HiGHS, CBC) and the solver;
 - `cpsat_model` / `cpsat`: the OR-Tools CP-SAT model and the solver;
 - `contract`: what every back-end adds (seeds, fallback, the simulator's verdict, the bound);
-- `min_budget`: the smallest feasible budget, proven or found.
+- `min_budget`: the smallest feasible budget, proven or found;
+- `interval_model` / `interval_placement` / `interval_lns` / `intervals`: the same stage order as
+  retention intervals (O(n) variables, one cumulative constraint; Moccasin), schedules <->
+  placements, its large-neighbourhood search and the solver (seeded, with the LP bound), for
+  graphs past `solvers.base.EXACT_MAX_GROUPS`.
 """
