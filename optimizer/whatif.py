@@ -19,16 +19,18 @@ from frontends.capture.meta_capture import MetaCapturer
 from frontends.compile.torch_partitioner import partition_schedules
 from frontends.measure.optimizer_memory import training_loop
 from optimizer.report import GraphFacts, WhatIfReport, WhatIfSettings
-from solvers.base import SolverOptions
+from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
-from solvers.ir.budget import Budget
+from solvers.ir.budget import Budget, format_bytes
 from solvers.ir.simulator import simulate
 from solvers.ir.timeline import memory_timeline
 from solvers.planning.batch_scaling import ScalingMismatch
 from solvers.planning.batch_search import (
     DEFAULT_LIMIT,
+    BatchFit,
+    MaxBatchResult,
     StrategyUnavailable,
     WhatIfError,
     cheap_fit,
@@ -102,9 +104,18 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     held = loop.held_bytes(graph)
     optimizer_step_peak = _optimizer_step_peak(loop, graph, allocator)
     budget_bytes = step_budget = None
+    step_refused = ""
     if request.budget is not None:
-        budget_bytes, step_budget = loop_budget(loop, allocator.apply(graph), request.budget,
-                                                store_all_peak, _end(graph, allocator))
+        try:
+            budget_bytes, step_budget = loop_budget(loop, allocator.apply(graph), request.budget,
+                                                    store_all_peak, _end(graph, allocator))
+        except InfeasibleBudgetError as err:
+            if not request.max_batch or err.lower_bound_bytes is None:
+                raise
+            # "Which batch fits?" has an answer: none, because of the optimizer step, which
+            # no schedule and no batch changes. The report says so beside the breakdown.
+            budget_bytes = err.budget_bytes
+            step_refused = _step_refusal(model, request, loop, graph, allocator, budget_bytes)
     settings = WhatIfSettings(
         model=request.model_name, cost_model=graph.cost_model, solver=request.solver,
         time_limit_s=request.options.time_limit_s, device=request.device, dtype=request.dtype,
@@ -135,7 +146,13 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     timelines = _timelines(allocator.apply(graph), timeline_sweep, request.solver, store_all_peak)
 
     max_batch = None
-    if request.max_batch:
+    if request.max_batch and step_refused:
+        max_batch = MaxBatchResult(
+            budget_bytes, capturer.batch_dim, capturer.base_batch, request.batch_limit,
+            (BatchFit(EVERY_STRATEGY if len(request.strategies) > 1 else request.strategies[0],
+                      0, False, None, None, (), step_refused),),
+            capturer.captures)
+    elif request.max_batch:
         if budget_bytes is None:
             raise WhatIfError("the largest-batch search needs a budget: give --budget (or --device)")
 
@@ -174,7 +191,10 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
         def torch_stand_in(step, strategy: str, budget: int):
             """torch's partitions of the last batch it ran at (the example's at first), judged on
             this batch's graph: the search re-centres and confirms it with torch itself."""
-            externals = partitions[latest[0]] if latest else torch_partitions(capturer.base_batch)
+            source = latest[0] if latest else capturer.base_batch
+            if _value_names(capturer.graph_at(source)) != _value_names(step.graph):
+                source = step.batch  # batch 1 can lack a copy larger batches make: torch's own
+            externals = torch_partitions(source)
             result = run_sweep(step.graph, [budget], strategies=(strategy,), options=request.options,
                                allocator=allocator, externals=externals)
             return result.best_at(strategy, budget)
@@ -196,6 +216,10 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     return replace(report, plots=_plots(report)) if request.plots else report
 
 
+def _value_names(graph) -> list[str]:
+    return [n.name for n in graph.ops]
+
+
 def _end(graph, allocator: AllocatorModel) -> int:
     """Live bytes when plain autograd's backward ends (what the optimizer step starts from)."""
     checked = allocator.apply(graph)
@@ -204,6 +228,31 @@ def _end(graph, allocator: AllocatorModel) -> int:
 
 def _optimizer_step_peak(loop: TrainingLoop, graph, allocator: AllocatorModel) -> int:
     return loop.step_peak_bytes(_end(graph, allocator), allocator.apply(graph)) if loop.optimizer else 0
+
+
+EVERY_STRATEGY = "every strategy"
+"""The one row of a largest-batch answer that no strategy changes (the optimizer step's)."""
+LIGHTER_STEPS = {"adamw": ("adamw-fused", "adamw-8bit"), "adam": ("adamw-fused", "adamw-8bit"),
+                 "adamw-fused": ("adamw-8bit",), "sgd-momentum": ("sgd",)}
+"""Optimizers whose step needs less memory than the key's, offered when the key's does not fit
+(the fused kernel updates in place: no copy of the moments; 8-bit state is a quarter)."""
+
+
+def _step_refusal(model, request: WhatIfRequest, loop: TrainingLoop, graph, allocator: AllocatorModel,
+                  budget_bytes: int) -> str:
+    """Why no batch fits: the optimizer step's peak, and the lighter optimizers that would fit."""
+    end = _end(graph, allocator)
+    peak = _optimizer_step_peak(loop, graph, allocator)
+    fitting = []
+    for name in LIGHTER_STEPS.get(request.optimizer if isinstance(request.optimizer, str) else "", ()):
+        lighter = training_loop(list(model.parameters()), name, request.grad_accumulation,
+                                device="cuda" if request.device else "cpu")
+        lighter_peak = lighter.step_peak_bytes(end, allocator.apply(graph))
+        if lighter_peak <= budget_bytes:
+            fitting.append(f"{name} ({format_bytes(lighter_peak)})")
+    hint = f"; these fit: {', '.join(fitting)}" if fitting else ""
+    return (f"the optimizer step alone peaks at {format_bytes(peak)} > {format_bytes(budget_bytes)}, "
+            f"at every batch{hint}")
 
 
 def _loop_name(loop: TrainingLoop) -> str:

@@ -67,8 +67,15 @@ class MetaCapturer:
     def fit_scaling(self) -> bool:
         """Fit sizes and costs over the batch from the example's batch and ``2 * batch + 1`` (a
         capture each; the fit is then checked on those two only). False, with `scaling_note`,
-        when the two graphs differ in structure or the cost model is measured."""
+        when the two graphs differ in structure or the cost model is measured.
+
+        An example batch of 1 is fitted from batches 2 and 5 instead: at batch 1 a transpose
+        that moves the batch dimension leaves a contiguous tensor, so a later ``reshape`` is a
+        view where every larger batch copies (one value fewer on Llama: no fit at all, and a
+        capture per probe). Batch 1 keeps its own capture."""
         base = self.base_batch
+        if base == 1:
+            base = 2
         if self.scaling is not None:
             return True
         if base is None:

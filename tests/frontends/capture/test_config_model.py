@@ -78,3 +78,52 @@ def test_the_cli_wants_exactly_one_model(capsys, tmp_path):
     assert "give one model" in capsys.readouterr().err
     assert cli_main(["--hf-config", str(tmp_path / "missing.json"), "--budget", "1GB"]) == 3
     assert "not found" in capsys.readouterr().err
+
+
+def test_max_batch_answers_none_when_the_optimizer_step_alone_does_not_fit(tmp_path, capsys):
+    """The report still prints, with one row: no batch, because of the optimizer step, and the
+    lighter optimizers whose step fits (measured the same way, on FakeTensors)."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    model, inputs = hf_config_model(str(path), batch=1, seq=32)
+    params = list(model.parameters())
+    foreach_peak = plan_without_hardware(model, inputs, "100%", optimizer="adamw", device="cuda",
+                                         time_limit=5).plan.breakdown.optimizer_step_peak_bytes
+    foreach, fused = (optimizer_memory(name, params, device="cuda") for name in ("adamw", "adamw-fused"))
+    lighter = foreach.state_bytes + foreach.step_bytes - fused.state_bytes - fused.step_bytes
+    assert lighter > 0
+    budget = foreach_peak - lighter // 2  # below foreach's step, above the fused one's
+    assert cli_main(["--hf-config", str(path), "--batch", "1", "--seq", "32", "--optimizer", "adamw",
+                     "--device", "h100", "--max-batch", "--strategies", "remat-opt,store-all",
+                     "--budget", str(budget)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the note
+    assert "every strategy" in out and "optimizer step alone peaks at" in out
+    assert "these fit: adamw-fused" in out and "time limit 15 s per budget" in out
+
+
+def test_batch_sizes_are_fitted_from_two_and_five_when_the_example_batch_is_one(tmp_path):
+    """At batch 1 a transposed Llama activation is contiguous, so its reshape is a view: the
+    graph has one value fewer than at any larger batch, and a fit from batch 1 fails."""
+    from frontends.capture.meta_capture import MetaCapturer
+
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    model, inputs = hf_config_model(str(path), batch=1, seq=32)
+    capturer = MetaCapturer(model, inputs, cost_model="roofline:h100")
+    assert len(capturer.at(1).graph.ops) < len(capturer.at(2).graph.ops)
+    assert capturer.fit_scaling(), capturer.scaling_note
+    assert capturer.scaling.checked == (2, 5) and not capturer.scaling.covers(1)
+    predicted, captured = capturer.predicted_at(9), capturer.at(9).graph
+    assert [(n.name, n.bytes) for n in predicted.ops] == [(n.name, n.bytes) for n in captured.ops]
+
+
+def test_max_batch_with_torchs_partitioner_from_an_example_batch_of_one(tmp_path, capsys):
+    """torch's partitions at batch 1 name values a batch of 2 or more names differently (one
+    copy fewer): the stand-in that judges them on other batches takes that batch's own."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    assert cli_main(["--hf-config", str(path), "--batch", "1", "--seq", "32", "--optimizer", "adamw-fused",
+                     "--device", "h100", "--max-batch", "--strategies", "remat-opt,torch-min-cut",
+                     "--budget", "8MiB", "--batch-limit", "64", "--time-limit", "3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "torch-min-cut" in out and "internal error" not in out
