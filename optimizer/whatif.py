@@ -106,16 +106,18 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
     budget_bytes = step_budget = None
     step_refused = ""
     if request.budget is not None:
+        end = _end(graph, allocator)
         try:
             budget_bytes, step_budget = loop_budget(loop, allocator.apply(graph), request.budget,
-                                                    store_all_peak, _end(graph, allocator))
+                                                    store_all_peak, end)
         except InfeasibleBudgetError as err:
             if not request.max_batch or err.lower_bound_bytes is None:
                 raise
             # "Which batch fits?" has an answer: none, because of the optimizer step, which
             # no schedule and no batch changes. The report says so beside the breakdown.
             budget_bytes = err.budget_bytes
-            step_refused = _step_refusal(model, request, loop, graph, allocator, budget_bytes)
+            step_refused = _step_refusal(model, request, graph, allocator, end, optimizer_step_peak,
+                                         budget_bytes)
     settings = WhatIfSettings(
         model=request.model_name, cost_model=graph.cost_model, solver=request.solver,
         time_limit_s=request.options.time_limit_s, device=request.device, dtype=request.dtype,
@@ -238,11 +240,10 @@ LIGHTER_STEPS = {"adamw": ("adamw-fused", "adamw-8bit"), "adam": ("adamw-fused",
 (the fused kernel updates in place: no copy of the moments; 8-bit state is a quarter)."""
 
 
-def _step_refusal(model, request: WhatIfRequest, loop: TrainingLoop, graph, allocator: AllocatorModel,
+def _step_refusal(model, request: WhatIfRequest, graph, allocator: AllocatorModel, end: int, peak: int,
                   budget_bytes: int) -> str:
-    """Why no batch fits: the optimizer step's peak, and the lighter optimizers that would fit."""
-    end = _end(graph, allocator)
-    peak = _optimizer_step_peak(loop, graph, allocator)
+    """Why no batch fits: the optimizer step's ``peak`` (from ``end``, what backward leaves), and
+    the lighter optimizers that would fit."""
     fitting = []
     for name in LIGHTER_STEPS.get(request.optimizer if isinstance(request.optimizer, str) else "", ()):
         lighter = training_loop(list(model.parameters()), name, request.grad_accumulation,

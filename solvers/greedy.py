@@ -86,6 +86,14 @@ def droppable(graph: RematGraph) -> frozenset[str]:
     return per_graph(graph, _FamilyTables).droppable
 
 
+def drop_rank(before: SimulationResult, after: SimulationResult, name: str) -> tuple:
+    """How good a move from ``before`` to ``after`` is, larger first: any peak drop, then the
+    drop per second of added recomputation, then the lower peak (``name`` breaks ties)."""
+    gain = before.peak_bytes - after.peak_bytes
+    extra = max(after.total_cost - before.total_cost, 1e-15)
+    return (gain > 0, gain / extra, -after.peak_bytes, name)
+
+
 def recompute_cost(graph: RematGraph, name: str) -> float:
     """What recomputing ``name``'s op costs (never 0, so it can divide)."""
     return sum(graph[m].cost for m in graph.group_of(name)) or 1e-12
@@ -107,9 +115,7 @@ def greedy_saved_set(graph: RematGraph, budget_bytes: int, deadline: float,
             trial = frozenset(saved - {v})
             schedule = schedule_from_saved(graph, trial, once)
             result = simulate(graph, schedule)
-            gain = best.peak_bytes - result.peak_bytes
-            extra = max(result.total_cost - best.total_cost, 1e-15)
-            key = (gain > 0, gain / extra, -result.peak_bytes, v)
+            key = drop_rank(best, result, v)
             if trial_best is None or key > trial_best[0]:
                 trial_best = (key, v, schedule, result)
         _, dropped, best_schedule, best = trial_best

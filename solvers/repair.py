@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from solvers.baselines import kept_through_backward
-from solvers.greedy import droppable, live_at, recompute_cost, schedule_from_saved
+from solvers.greedy import drop_rank, droppable, live_at, recompute_cost, schedule_from_saved
 from solvers.ir.graph import Phase, RematGraph
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
@@ -130,9 +130,7 @@ class _Search:
             for v in pool[:CANDIDATES_PER_STEP]:
                 for lower in self.lower(state, v):
                     candidate, result = self.run(lower)
-                    gain = sim.peak_bytes - result.peak_bytes
-                    extra = max(result.total_cost - sim.total_cost, 1e-15)
-                    key = (gain > 0, gain / extra, -result.peak_bytes, v)
+                    key = drop_rank(sim, result, v)
                     if best is None or key > best[0]:
                         best = (key, lower, candidate, result)
             _, state, schedule, sim = best

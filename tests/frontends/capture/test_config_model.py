@@ -80,9 +80,10 @@ def test_the_cli_wants_exactly_one_model(capsys, tmp_path):
     assert "not found" in capsys.readouterr().err
 
 
-def test_max_batch_answers_none_when_the_optimizer_step_alone_does_not_fit(tmp_path, capsys):
+def test_max_batch_answers_none_when_the_optimizer_step_alone_does_not_fit(tmp_path, capsys, monkeypatch):
     """The report still prints, with one row: no batch, because of the optimizer step, and the
     lighter optimizers whose step fits (measured the same way, on FakeTensors)."""
+    monkeypatch.setenv("COLUMNS", "400")  # the note in one table line, whatever the terminal
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(TINY_LLAMA))
     model, inputs = hf_config_model(str(path), batch=1, seq=32)
