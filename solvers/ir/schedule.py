@@ -23,6 +23,14 @@ from solvers.ir.graph import NodeKind, RematGraph
 class StepKind(enum.Enum):
     COMPUTE = "compute"
     FREE = "free"
+    OFFLOAD = "offload"
+    """Start copying a live device value to a pinned host buffer (the device-to-host stream). The
+    device value stays live, and readable, until an ordinary ``free``, which waits for the copy:
+    that free is where device memory is released. The host copy counts against the host budget
+    until the value is reloaded (or the step ends)."""
+    RELOAD = "reload"
+    """Start copying an offloaded value back (the host-to-device stream): its device bytes are
+    allocated here and it is live again; the first compute that reads it waits for the copy."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,14 @@ def compute(node: str) -> Step:
 
 def free(node: str) -> Step:
     return Step(StepKind.FREE, node)
+
+
+def offload(node: str) -> Step:
+    return Step(StepKind.OFFLOAD, node)
+
+
+def reload(node: str) -> Step:
+    return Step(StepKind.RELOAD, node)
 
 
 @dataclass(frozen=True)
