@@ -42,9 +42,13 @@ import time
 from dataclasses import dataclass
 
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
+from solvers.greedy import droppable, schedule_from_saved
 from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.link import Link, get_link
 from solvers.ir.schedule import Schedule, compute, free
 from solvers.ir.simulator import simulate
+from solvers.offload import OffloadChoice, saved_by
+from solvers.offload_placement import place_offloads
 
 MAX_VALUES = 24
 """Refuse graphs with more op values plus tangents than this."""
@@ -356,3 +360,36 @@ def solve_brute_force(graph: RematGraph, budget_bytes: int, options: SolverOptio
     return SolveResult(solver=f"brute-force-{space}", status=SolveStatus.OPTIMAL, schedule=schedule,
                        objective=sim.total_cost, bound=sim.total_cost,
                        solve_time_s=time.perf_counter() - start)
+
+
+MAX_OFFLOAD_CHOICES = 9
+"""Refuse `brute_force_offload` on graphs with more values to choose for (3^9 = 19,683 choices)."""
+
+
+def brute_force_offload(graph: RematGraph, budget_bytes: int, link: Link | str, *,
+                        host_budget_bytes: int | None = None) -> OffloadChoice | None:
+    """The fastest keep / recompute / offload choice for every value backward reads (the
+    saved-set family of `solvers.offload`, copies placed by `solvers.offload_placement`), by
+    trying all 3^k of them; None when none fits. The oracle `solvers.offload.choose_offloads` is
+    tested against: same family and placement, no search."""
+    link = get_link(link)
+    pool = sorted(droppable(graph), key=graph.position)
+    if len(pool) > MAX_OFFLOAD_CHOICES:
+        raise ValueError(f"brute force is for tiny graphs: {len(pool)} values to choose for > {MAX_OFFLOAD_CHOICES}")
+    best: OffloadChoice | None = None
+    tried = 0
+    for choice in itertools.product(("keep", "recompute", "offload"), repeat=len(pool)):
+        saved = frozenset(v for v, c in zip(pool, choice) if c != "recompute")
+        offloaded = frozenset(v for v, c in zip(pool, choice) if c == "offload")
+        base = schedule_from_saved(graph, saved)
+        offloaded &= saved_by(graph, base)
+        schedule = place_offloads(graph, base, offloaded, link, budget_bytes)
+        result = simulate(graph, schedule, link=link)
+        tried += 1
+        if result.peak_bytes > budget_bytes or (host_budget_bytes is not None
+                                                 and result.host_peak_bytes > host_budget_bytes):
+            continue
+        if best is None or result.step_time_s < best.step_time_s:
+            best = OffloadChoice(schedule, result, saved, offloaded, link, 0)
+    return None if best is None else OffloadChoice(best.schedule, best.result, best.saved, best.offloaded,
+                                                   link, tried)

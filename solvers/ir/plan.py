@@ -68,12 +68,13 @@ class Plan:
     extra_flops: float
     """FLOPs spent on recomputation."""
     extra_time_s: float
-    """Seconds spent on recomputation under the cost model."""
+    """Seconds spent on recomputation under the cost model, plus the copy time of offloaded values
+    compute does not hide (``stall_time_s``)."""
     step_flops: float
     """FLOPs of one plain training step (for percentages)."""
     step_time_s: float
     objective: float | None
-    """Total compute time of the step under the cost model (seconds)."""
+    """Total time of the step under the cost model (seconds): compute, plus copy stalls when it offloads."""
     bound: float | None
     """Proven lower bound on the optimal objective (None when no bound is proven)."""
     gap: float | None
@@ -85,7 +86,7 @@ class Plan:
     graph_values: int
     """Values (storages) the solver schedules."""
     saved: tuple[str, ...]
-    """Values forward keeps for backward."""
+    """Values forward keeps for backward (on device, or on host for those in ``offloaded``)."""
     recomputed: tuple[tuple[str, int], ...]
     """(value, times computed) for every value computed more than once."""
     modules: tuple[ModuleSummary, ...]
@@ -93,6 +94,16 @@ class Plan:
     allocator: str = "none"
     """Allocator model included in the byte figures (block rounding, reserve, margin)."""
     schedule: Schedule | None = field(default=None, repr=False, compare=False)
+    offloaded: tuple[tuple[str, int], ...] = ()
+    """(value, bytes) of every saved value the plan copies to host memory and back (issue 39)."""
+    transfer_time_s: float = 0.0
+    """Seconds the copy streams are busy with those copies (hidden by compute or not)."""
+    stall_time_s: float = 0.0
+    """Seconds compute waits on copies: the part of ``transfer_time_s`` not hidden (in ``extra_time_s``)."""
+    host_peak_bytes: int = 0
+    """Most pinned host bytes held at once by offloaded values."""
+    link: str = ""
+    """The device-host link the copies were priced on (`solvers.ir.link.Link.describe`); "" without offload."""
 
     @property
     def extra_percent(self) -> float:
@@ -104,5 +115,6 @@ class Plan:
         data.pop("schedule")
         data["recomputed"] = [list(item) for item in self.recomputed]
         data["saved"] = list(self.saved)
+        data["offloaded"] = [list(item) for item in self.offloaded]
         data["extra_percent"] = self.extra_percent
         return data

@@ -24,6 +24,18 @@ def _loop_lines(b: BudgetBreakdown) -> list[str]:
     return lines
 
 
+def _offload_lines(plan: Plan) -> list[str]:
+    """What goes through host memory, and what the copies cost (only the stall is in extra compute)."""
+    total = sum(nbytes for _, nbytes in plan.offloaded)
+    largest = sorted(plan.offloaded, key=lambda item: (-item[1], item[0]))[:3]
+    names = ", ".join(f"{name} ({format_bytes(nbytes)})" for name, nbytes in largest)
+    more = f" and {len(plan.offloaded) - len(largest)} more" if len(plan.offloaded) > len(largest) else ""
+    return [f"  offloaded          {len(plan.offloaded)} saved values, {format_bytes(total)} to host and back "
+            f"(host peak {format_bytes(plan.host_peak_bytes)}): {names}{more}",
+            f"    link             {plan.link}: copies {plan.transfer_time_s:.3g} s, "
+            f"{plan.stall_time_s:.3g} s of it not hidden by compute (in the extra time above)"]
+
+
 def format_plan(plan: Plan, model_path: str) -> str:
     """The plan as the CLI prints it: the budget's breakdown, the peak, the extra compute, the
     solver's verdict and what each module saves and recomputes."""
@@ -46,6 +58,8 @@ def format_plan(plan: Plan, model_path: str) -> str:
         f" ({pct}; cost model {plan.cost_model})",
         f"  solver             {plan.solver}: {plan.status}, gap {gap}, {plan.solve_time_s:.2f} s",
     ]
+    if plan.offloaded:
+        lines.extend(_offload_lines(plan))
     if plan.allocator != "none":
         lines.append(f"  allocator          {plan.allocator} (included in the peaks above)")
     if plan.message:

@@ -9,6 +9,12 @@ Memory model (what the rewritten module does when it runs):
   caller holds them (``loss.backward()`` keeps the ones it makes until backward returns, and a
   gradient passed to ``backward(grad)`` is the caller's own tensor), so freeing one frees nothing;
 - a value stays live until its free step.
+Offload (issue 39): ``offload(v)`` starts copying live value v to host memory (it stays live and
+readable on device); the next ``free(v)`` releases its device bytes after waiting for that copy;
+``reload(v)`` allocates v's device bytes again at its step (the first compute that reads it waits
+for the copy). The host copy counts against the host pool until reloaded or the step ends. Memory
+is exact by position; time is the compute stream's cost plus its waits on two FIFO copy streams
+(one per direction) priced by a `solvers.ir.link.Link` (`_copy_times`).
 Random ops run once, in order; one that replays a saved generator state (`Node.replays_rng`)
 may be recomputed, but its first run (the one that draws) is in forward, in that order.
 Every solver's schedule is simulated before it is used or reported.
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 from solvers.ir.derived import per_graph
 from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.link import Link, get_link
 from solvers.ir.schedule import Schedule, StepKind
 
 
@@ -52,6 +59,22 @@ class SimulationResult:
     """(value, times computed) for every value computed more than once."""
     live_curve: tuple[int, ...]
     """Live bytes after each step (same length as ``schedule.steps``)."""
+    offloaded: tuple[str, ...] = ()
+    """Values the schedule copies to host memory (in the order of their first offload)."""
+    saved_on_host: tuple[str, ...] = ()
+    """Values forward leaves on host only (offloaded and freed on device) for backward to reload:
+    the rest of what forward saves, beside ``saved`` (which is on device, in ``boundary_bytes``)."""
+    host_peak_bytes: int = 0
+    """Most bytes held on host at once (pinned buffers of offloaded values not yet reloaded)."""
+    transfer_time_s: float = 0.0
+    """Seconds the copy streams are busy (every offload and reload, latency included)."""
+    stall_time_s: float = 0.0
+    """Seconds the compute stream waits on copies: the transfer time compute does not hide."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Predicted time of the step: compute plus the copy time it does not hide."""
+        return self.total_cost + self.stall_time_s
 
 
 StepObserver = Callable[[int, int, "set[str]", int], None]
@@ -109,36 +132,43 @@ class _Simulated:
     loop every walk takes seconds. Entries leave with their schedule."""
 
     def __init__(self, graph: RematGraph) -> None:
-        self.results: dict[int, tuple[weakref.ref, SimulationResult]] = {}
+        self.results: dict[tuple[int, Link | None], tuple[weakref.ref, SimulationResult]] = {}
 
-    def get(self, schedule: Schedule) -> SimulationResult | None:
-        entry = self.results.get(id(schedule))
+    def get(self, schedule: Schedule, link: Link | None = None) -> SimulationResult | None:
+        entry = self.results.get((id(schedule), link))
         return entry[1] if entry is not None and entry[0]() is schedule else None
 
-    def put(self, schedule: Schedule, result: SimulationResult) -> None:
-        key = id(schedule)
+    def put(self, schedule: Schedule, result: SimulationResult, link: Link | None = None) -> None:
+        key = (id(schedule), link)
 
-        def forget(ref: weakref.ref, key: int = key, results=self.results) -> None:
+        def forget(ref: weakref.ref, key: tuple = key, results=self.results) -> None:
             if results.get(key, (None,))[0] is ref:
                 del results[key]
 
         self.results[key] = (weakref.ref(schedule, forget), result)
 
 
-def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None = None) -> SimulationResult:
+def simulate(graph: RematGraph, schedule: Schedule, observe: StepObserver | None = None,
+             link: Link | str | None = None) -> SimulationResult:
     """Walk the schedule (`_walk`, see there); without ``observe`` a schedule already simulated
-    on this graph returns its result again (`_Simulated`)."""
+    on this graph (with the same ``link``) returns its result again (`_Simulated`).
+
+    ``link`` (a `Link` or a preset name, `solvers.ir.link.LINKS`) prices the copies of a schedule
+    with offload steps; such a schedule without one is an `InvalidScheduleError`."""
+    if link is not None:
+        link = get_link(link)
     if observe is not None:
-        return _walk(graph, schedule, observe)
+        return _walk(graph, schedule, observe, link)
     memo = per_graph(graph, _Simulated)
-    found = memo.get(schedule)
+    found = memo.get(schedule, link)
     if found is None:
-        found = _walk(graph, schedule, None)
-        memo.put(schedule, found)
+        found = _walk(graph, schedule, None, link)
+        memo.put(schedule, found, link)
     return found
 
 
-def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -> SimulationResult:
+def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None,
+          link: Link | None = None) -> SimulationResult:
     """Walk the schedule; raise InvalidScheduleError on the first rule it breaks.
 
     ``observe`` sees the live bytes and values at every step (`solvers.ir.timeline` draws the
@@ -165,6 +195,11 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
     n_forward = len(schedule.forward)
     last_once = -1
     FREE, COMPUTE, FORWARD, BACKWARD = StepKind.FREE, StepKind.COMPUTE, Phase.FORWARD, Phase.BACKWARD
+    OFFLOAD, RELOAD = StepKind.OFFLOAD, StepKind.RELOAD
+    host: set[str] = set()  # values with a host copy (offloaded, not reloaded since)
+    host_bytes = host_peak = 0
+    offloaded: dict[str, None] = {}  # in order of the first offload
+    saved_on_host: tuple[str, ...] = ()
 
     def fail(index: int, message: str) -> None:
         phase = "forward" if index < n_forward else "backward"
@@ -174,6 +209,8 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
     while True:  # the forward steps, the boundary, the backward steps
         if i == n_forward:  # the boundary: forward outputs must exist, tangents arrive
             boundary_bytes, saved = live_bytes, _saved_at_boundary(graph, tables, live)
+            if host:
+                saved_on_host = tuple(n for n in tables.saveable if n in host and n not in live)
             live_bytes += _tangents_arrive(tables, live)
             if live_bytes > peak:
                 peak, peak_step, peak_phase, peak_node = live_bytes, -1, BACKWARD, ""
@@ -265,6 +302,41 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
             node = nodes.get(name)
             if node is None:
                 fail(i, "unknown value")
+            if kind is OFFLOAD or kind is RELOAD:
+                if link is None:
+                    fail(i, "the schedule copies values to host memory: pass simulate(..., link=...) "
+                            "(a solvers.ir.link.Link or a preset name: pcie4, pcie5, nvlink-c2c) to price the copies")
+                if name not in freeable:
+                    fail(i, "only values the step computes and may free are offloaded (not parameters, "
+                            "inputs, user outputs or output gradients)")
+                if kind is OFFLOAD:
+                    if name not in live:
+                        fail(i, "offloads a value that is not live on device")
+                    if name in host:
+                        fail(i, "offloads a value that is already on host (reload it first)")
+                    host.add(name)
+                    offloaded.setdefault(name)
+                    host_bytes += node.bytes
+                    if host_bytes > host_peak:
+                        host_peak = host_bytes
+                    during = live_bytes
+                else:
+                    if name not in host:
+                        fail(i, "reloads a value that is not on host (offload it first)")
+                    if name in live:
+                        fail(i, "reloads a value that is still live on device (free it after its offload first)")
+                    host.discard(name)
+                    host_bytes -= node.bytes
+                    live.add(name)
+                    live_bytes += node.bytes
+                    during = live_bytes
+                    if during > peak:
+                        peak, peak_step, peak_phase, peak_node = during, i, phase, name
+                curve.append(live_bytes)
+                if observe is not None:
+                    observe(i, during, live, 1)
+                i += 1
+                continue
             if kind is FREE:
                 _check_free(tables, live, name, i, fail)
                 live.discard(name)
@@ -305,6 +377,9 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
             i += width
 
     _check_end(graph, tables, live, counts)
+    transfer_s = stall_s = 0.0
+    if offloaded:
+        transfer_s, stall_s = _copy_times(tables, steps, link)
     return SimulationResult(
         peak_bytes=peak,
         peak_step=peak_step,
@@ -318,7 +393,63 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None) -
         extra_flops=total_flops - graph.base_flops,
         recomputed=_recomputed(counts, plain_computes),
         live_curve=tuple(curve),
+        offloaded=tuple(offloaded),
+        saved_on_host=saved_on_host,
+        host_peak_bytes=host_peak,
+        transfer_time_s=transfer_s,
+        stall_time_s=stall_s,
     )
+
+
+def _copy_times(tables: _SimulatorTables, steps, link: Link) -> tuple[float, float]:
+    """(seconds the copy streams are busy, seconds the compute stream waits on them) for a valid
+    schedule with offload steps.
+
+    One compute stream runs each op for its ``cost``; one copy stream per direction runs its copies
+    in issue order (FIFO). An offload or reload is issued when the compute stream reaches its step
+    and starts once its stream is free; it lasts ``link.latency_s + bytes / bandwidth``. The compute
+    stream waits: at the free of a value until its offload (or a reload never read) has landed, at the
+    first compute reading a reloaded value until its reload has landed, and at the end of the step
+    for every copy still running."""
+    nodes, members = tables.nodes, tables.members
+    COMPUTE, FREE, OFFLOAD = StepKind.COMPUTE, StepKind.FREE, StepKind.OFFLOAD
+    clock = to_host = to_device = transfer = stall = 0.0
+    offload_done: dict[str, float] = {}  # copies to host the value's free must wait for
+    reload_done: dict[str, float] = {}  # copies to device the first read (or free) must wait for
+    i, n = 0, len(steps)
+    while i < n:
+        step = steps[i]
+        kind, name = step.kind, step.node
+        if kind is COMPUTE:
+            node = nodes[name]
+            if reload_done:
+                ready = clock
+                for inp in node.inputs:
+                    landed = reload_done.pop(inp, None)
+                    if landed is not None and landed > ready:
+                        ready = landed
+                stall += ready - clock
+                clock = ready
+            clock += node.cost
+            i += len(members.get(name, (name,)))
+            continue
+        if kind is FREE:
+            wait = max(offload_done.pop(name, 0.0), reload_done.pop(name, 0.0))
+            if wait > clock:
+                stall += wait - clock
+                clock = wait
+        elif kind is OFFLOAD:
+            start = max(clock, to_host, reload_done.get(name, 0.0))
+            seconds = link.offload_seconds(nodes[name].bytes)
+            to_host = offload_done[name] = start + seconds
+            transfer += seconds
+        else:  # RELOAD: its free waited for the offload, so only the stream's queue delays it
+            seconds = link.reload_seconds(nodes[name].bytes)
+            to_device = reload_done[name] = max(clock, to_device) + seconds
+            transfer += seconds
+        i += 1
+    end = max(clock, to_host, to_device)
+    return transfer, stall + end - clock
 
 
 Fail = Callable[[int, str], None]

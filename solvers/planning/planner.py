@@ -14,9 +14,11 @@ from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import MinBudget, smallest_feasible_budget
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.graph import RematGraph
+from solvers.ir.link import Link, offload_link_of
 from solvers.ir.plan import BudgetBreakdown, ModuleSummary, Plan
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
+from solvers.offload import OffloadChoice, choose_offloads
 from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 from solvers.remat_bound import base_cost_bound
 
@@ -36,6 +38,10 @@ def plan_graph(
     graph_nodes: int = 0,
     allocator: AllocatorModel | None = None,
     loop: TrainingLoop | None = None,
+    *,
+    offload: bool | str = False,
+    link: Link | str | None = None,
+    host_budget: int | None = None,
 ) -> Plan:
     """Solve for ``budget`` (bytes, a size string, or a percentage of store-all's peak) and
     return the simulated plan.
@@ -49,9 +55,18 @@ def plan_graph(
     fragmentation margin), every value is rounded to whole blocks and the planned peak includes
     the reserve and margin; the solvers get the budget that leaves room for them.
 
+    With ``offload="auto"`` (issue 39), saved values may also go to host memory and back over
+    ``link`` (a `solvers.ir.link.Link` or preset name; default ``pcie5``), ``host_budget`` bytes of
+    pinned host memory at most (None: unlimited): `solvers.offload.choose_offloads` chooses keep,
+    recompute or offload per value, starting from the solver's recompute-only plan, and the plan
+    with the lower predicted step time (compute plus unhidden copy time) is returned. A budget no
+    recompute-only schedule meets may still plan with offloads. The plan's bound is then the plain
+    step's time (every op once, no stall), the floor of both kinds of plans.
+
     Raises InfeasibleBudgetError when nothing fits, naming the smallest feasible budget (exact
     when `solvers.checkmate.min_budget` proves it; its search is capped at 10 s).
     """
+    offload_link = offload_link_of(offload, link)
     allocator = allocator or AllocatorModel(block_bytes=1)
     loop = loop or TrainingLoop()
     graph = allocator.apply(graph)
@@ -59,21 +74,74 @@ def plan_graph(
     budget_bytes, graph_budget = loop_budget(loop, graph, budget, allocator.planned_peak(store_all.peak_bytes),
                                              allocator.planned_peak(end_bytes(store_all)))
     solver_budget = allocator.solver_budget(graph_budget)
+    start = time.perf_counter()
     try:
         result = _solve(graph, graph_budget, solver_budget, solver, options, allocator)
     except InfeasibleBudgetError as err:
-        raise iteration_error(err, loop.held_bytes(graph)) from None
+        if offload_link is None:
+            raise iteration_error(err, loop.held_bytes(graph)) from None
+        result, infeasible = None, err
+    if offload_link is not None:
+        choice = choose_offloads(graph, solver_budget, offload_link, host_budget_bytes=host_budget,
+                                 seed=None if result is None else result.schedule,
+                                 deadline=time.perf_counter() + options.time_limit_s)
+        if _offload_wins(graph, choice, result):
+            assert choice is not None
+            plan = _offload_plan(graph, graph_budget, solver, store_all, choice, allocator, graph_nodes,
+                                 solve_time_s=time.perf_counter() - start, solved=result)
+            return with_loop(plan, loop, graph, allocator.planned_peak(end_bytes(choice.result)),
+                             allocator.planned_peak(end_bytes(store_all)))
+        if result is None:
+            raise iteration_error(infeasible, loop.held_bytes(graph)) from None
+    assert result is not None
     sim = simulate(graph, result.schedule)
     if sim.peak_bytes > solver_budget:
         raise AssertionError(
             f"solver {result.solver} returned a schedule peaking at {sim.peak_bytes} bytes "
             f"for a budget of {budget_bytes}: this is a bug in the solver"
         )
+    bound, gap = result.bound, result.gap
+    if offload_link is not None:  # offloads were allowed: the proven floor is the plain step's
+        bound, gap = _step_floor(graph, sim.total_cost)
     plan = _plan(graph, graph_budget, solver, result.status.value, store_all, sim, result.schedule,
-                 allocator, graph_nodes, bound=result.bound, gap=result.gap,
+                 allocator, graph_nodes, bound=bound, gap=gap,
                  solve_time_s=result.solve_time_s, message=result.message)
     return with_loop(plan, loop, graph, allocator.planned_peak(end_bytes(sim)),
                      allocator.planned_peak(end_bytes(store_all)))
+
+
+def _offload_wins(graph: RematGraph, choice: OffloadChoice | None, result: SolveResult | None) -> bool:
+    """Whether the offload search's choice replaces the recompute-only solver's schedule: it
+    offloads something and the step is faster (or the solver found nothing that fits)."""
+    if choice is None or not choice.offloaded:
+        return choice is not None and result is None
+    if result is None:
+        return True
+    return choice.step_time_s < simulate(graph, result.schedule).total_cost * (1 - 1e-9)
+
+
+def _step_floor(graph: RematGraph, objective: float) -> tuple[float, float]:
+    """(bound, gap) with the plain step's time as the bound: every op runs once and nothing waits."""
+    bound = min(graph.base_cost, objective)
+    return bound, (objective - bound) / objective if objective > 0 else 0.0
+
+
+def _offload_plan(graph: RematGraph, budget_bytes: int, solver: str, store_all: SimulationResult,
+                  choice: OffloadChoice, allocator: AllocatorModel, graph_nodes: int, *, solve_time_s: float,
+                  solved: SolveResult | None) -> Plan:
+    """The plan of the offload search's choice, beside what the recompute-only solver found."""
+    sim = choice.result
+    objective = sim.step_time_s
+    bound, gap = _step_floor(graph, objective)
+    if solved is None:
+        beside = f"no recompute-only schedule of {solver} fits"
+    else:
+        beside = f"{solver}'s recompute-only plan takes {simulate(graph, solved.schedule).total_cost:.4g} s"
+    message = (f"keep / recompute / offload chosen over {choice.evaluations} simulated choices: the step takes "
+               f"{objective:.4g} s with {len(sim.offloaded)} values offloaded ({beside})")
+    return _plan(graph, budget_bytes, f"{solver}+offload", "optimal" if gap <= 1e-9 else "feasible", store_all,
+                 sim, choice.schedule, allocator, graph_nodes, bound=bound, gap=gap, solve_time_s=solve_time_s,
+                 message=message, link=choice.link)
 
 
 def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
@@ -100,7 +168,8 @@ def plan_from_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int,
 
 def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_all: SimulationResult,
           sim: SimulationResult, schedule: Schedule, allocator: AllocatorModel, graph_nodes: int, *,
-          bound: float | None, gap: float | None, solve_time_s: float, message: str) -> Plan:
+          bound: float | None, gap: float | None, solve_time_s: float, message: str,
+          link: Link | None = None) -> Plan:
     return Plan(
         status=status,
         solver=solver,
@@ -109,22 +178,28 @@ def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_
         predicted_peak_bytes=allocator.planned_peak(sim.peak_bytes),
         store_all_peak_bytes=allocator.planned_peak(store_all.peak_bytes),
         extra_flops=sim.extra_flops,
-        extra_time_s=sim.extra_cost,
+        extra_time_s=sim.extra_cost + sim.stall_time_s,
         step_flops=graph.base_flops,
         step_time_s=graph.base_cost,
-        objective=sim.total_cost,
+        objective=sim.total_cost + sim.stall_time_s,
         bound=bound,
         gap=gap,
         solve_time_s=solve_time_s,
         breakdown=breakdown(graph, budget_bytes),
         graph_nodes=graph_nodes or len(graph.nodes),
         graph_values=len(graph.ops),
-        saved=sim.saved,
+        saved=sim.saved if not sim.saved_on_host else tuple(sorted({*sim.saved, *sim.saved_on_host},
+                                                                   key=graph.position)),
         recomputed=sim.recomputed,
         modules=module_summaries(graph, sim, store_all),
         message=message,
         allocator=allocator.describe(),
         schedule=schedule,
+        offloaded=tuple((name, graph[name].bytes) for name in sim.offloaded),
+        transfer_time_s=sim.transfer_time_s,
+        stall_time_s=sim.stall_time_s,
+        host_peak_bytes=sim.host_peak_bytes,
+        link=link.describe() if link is not None and sim.offloaded else "",
     )
 
 
@@ -159,7 +234,7 @@ def _solve(graph: RematGraph, budget_bytes: int, solver_budget: int, solver: str
             proven = result.bound if result is not None and result.bound is not None else \
                 base_cost_bound(graph, "the smallest-budget search's schedule").bound
             return SolveResult(solver=solver, status=SolveStatus.FEASIBLE, schedule=found.schedule,
-                               objective=sim.total_cost, bound=min(proven, sim.total_cost),
+                               objective=sim.total_cost + sim.stall_time_s, bound=min(proven, sim.total_cost),
                                solve_time_s=time.perf_counter() - start,
                                message=f"{why}the smallest-budget search's schedule ({found.method})")
     raise _infeasible(found, budget_bytes, solver, allocator, message)
