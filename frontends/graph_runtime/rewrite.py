@@ -11,6 +11,11 @@ backward. fx frees each value after its last read, which is exactly the simulato
 A recomputed random op runs through `frontends.graph_runtime.rng_replay.replay` with the generator state saved
 before its first run, so it draws the same numbers. On the CPU, dropout's ops run through
 `frontends.graph_runtime.cpu_kernels` (same values, faster than aten's CPU kernels).
+An ``offload(v)`` step starts v's copy to host; the ``free(v)`` after it is where the device copy
+is read for the last time (after the copy is done) and the host copy becomes v, which is what
+forward saves when backward reloads it; ``reload(v)`` copies it back and the first reader waits
+(`frontends.graph_runtime.offload_ops`: side CUDA streams with events, plain host copies on the CPU).
+Every other free is left to fx.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from torch import fx
 
 from frontends.capture.step import CapturedStep
 from frontends.graph_runtime.cpu_kernels import cpu_kernel
+from frontends.graph_runtime.offload_ops import offload_done, offload_to_host, reload_done, reload_to_device
 from frontends.graph_runtime.rng_replay import RNG_STATE_META, replay, state_device
-from frontends.torch_compat import _extract_fwd_bwd_modules, is_sym_node
-from solvers.ir.schedule import Schedule, StepKind
+from frontends.torch_compat import FakeTensor, _extract_fwd_bwd_modules, fake_like_mode, is_sym_node
+from solvers.ir.schedule import Schedule, Step, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"
 
@@ -52,18 +58,18 @@ class ScheduledJoint:
     module: fx.GraphModule
     saved: tuple[str, ...]
     recomputed_names: tuple[str, ...]
+    offloaded: tuple[str, ...] = ()
+    """Values copied to host by an ``offload`` step and released on the device by its ``free``."""
 
 
 def build_scheduled_joint(captured: CapturedStep, schedule: Schedule) -> ScheduledJoint:
     """The joint graph with every op placed (and duplicated) where the schedule puts it."""
     builder = _JointBuilder(captured)
-    for step in schedule.forward:
-        if step.kind is StepKind.COMPUTE:
-            builder.compute(step.node, FORWARD_TAG)
+    for index, step in enumerate(schedule.forward):
+        builder.step(step, FORWARD_TAG, f"forward step {index}")
     fwd_outputs = [builder.read(n, FORWARD_TAG) for n in builder.outputs[: captured.num_fwd_outputs]]
-    for step in schedule.backward:
-        if step.kind is StepKind.COMPUTE:
-            builder.compute(step.node, BACKWARD_TAG)
+    for index, step in enumerate(schedule.backward):
+        builder.step(step, BACKWARD_TAG, f"backward step {index}")
     bwd_outputs = [builder.read(n, BACKWARD_TAG) for n in builder.outputs[captured.num_fwd_outputs :]]
     return builder.finish(fwd_outputs + bwd_outputs)
 
@@ -97,6 +103,11 @@ class _JointBuilder:
         self.env: dict[str, fx.Node] = {}  # value or placeholder name -> live copy
         self.region_of: dict[fx.Node, str] = {}
         self.instance: dict[str, int] = {}  # value -> how many times computed so far
+        self.version: dict[str, int] = {}  # value -> how many copies made so far (computed or reloaded)
+        self.offloading: dict[str, fx.Node] = {}  # value -> its copy to host, until the free that ends it
+        self.host_copy: dict[str, fx.Node] = {}  # value -> its host copy, freed on device, not yet reloaded
+        self.awaiting: dict[str, fx.Node] = {}  # reloaded value -> its copy, not yet waited for
+        self.offloaded: dict[str, None] = {}
         self.view_memo: dict[tuple, fx.Node] = {}
         self.roots: dict[str, tuple[str, ...]] = {}
         self.recomputed: list[str] = []
@@ -118,13 +129,19 @@ class _JointBuilder:
             return self.env[node.name]
         value = self.captured.value_of.get(node.name)
         if value == node.name and value in self.env:
+            if value in self.awaiting:  # the first reader of a reloaded value waits for its copy
+                self.env[value] = self._call(reload_done, (self.awaiting.pop(value),), value + "_reloaded",
+                                             self.env[value].meta, tag)
             return self.env[value]
+        if value in self.host_copy:
+            raise RewriteError(f"the schedule reads {value!r} while it is offloaded to host: reload({value}) "
+                               f"before this read: {node.format_node()}")
         if node.name in self.captured.graph.groups:
             raise RewriteError(f"multi-output op read as a whole: {node.format_node()}")
         if node.op == "call_function" and value != node.name:
             # An alias (view, detach, split's tuple, ...) or a non-tensor helper: re-derive it
             # from the copies of the storages it depends on that are live now, once per region.
-            key = (node.name, tag, tuple((r, self.instance.get(r, 0)) for r in self._roots(node)))
+            key = (node.name, tag, tuple((r, self.version.get(r, 0)) for r in self._roots(node)))
             if key not in self.view_memo:
                 self.view_memo[key] = self._copy(node, tag, node.name)
             return self.view_memo[key]
@@ -194,6 +211,80 @@ class _JointBuilder:
     def _set(self, value: str, node: fx.Node) -> None:
         self.env[value] = node
         self.instance[value] = self.instance.get(value, 0) + 1
+        self.version[value] = self.version.get(value, 0) + 1
+
+    # ----------------------------------------------------- offloading (see offload_ops)
+    def step(self, step: Step, tag: str, where: str) -> None:
+        """Place one schedule step: a compute, an offload or reload, or a free (which only
+        matters after an offload: fx frees every other value after its last read)."""
+        if step.kind is StepKind.COMPUTE:
+            self.compute(step.node, tag)
+        elif step.kind is StepKind.OFFLOAD:
+            self.offload(step.node, tag, f"{where} ({step})")
+        elif step.kind is StepKind.RELOAD:
+            self.reload(step.node, tag, f"{where} ({step})")
+        elif step.node in self.offloading:
+            self._commit_offload(step.node, tag)
+
+    def _call(self, target, args: tuple, name: str, meta: dict, tag: str) -> fx.Node:
+        node = self.graph.create_node("call_function", target, args, name=name)
+        node.meta = dict(meta)
+        node.meta["partitioner_tag"] = tag
+        self.region_of[node] = tag
+        return node
+
+    def _offloadable(self, value: str, where: str) -> fx.Node:
+        node = self.by_name.get(value)
+        if node is None or self.captured.value_of.get(value) != value:
+            raise RewriteError(f"{where}: {value!r} is not a value of the captured graph")
+        if node.op in ("placeholder", "get_attr"):
+            raise RewriteError(f"{where}: {value!r} is an input, parameter or constant, held for the "
+                               "whole step: only values the step computes can be offloaded")
+        if value in self.captured.graph.user_outputs:
+            raise RewriteError(f"{where}: {value!r} is returned to the caller, who holds it: "
+                               "offloading it would free nothing")
+        return node
+
+    def offload(self, value: str, tag: str, where: str) -> None:
+        """Start the value's copy to host; the device copy stays readable until its free."""
+        node = self._offloadable(value, where)
+        if value in self.offloading or value in self.host_copy:
+            raise RewriteError(f"{where}: {value!r} is offloaded twice: free it after the first offload "
+                               "and reload it before the next")
+        if value not in self.env:
+            raise RewriteError(f"{where}: {value!r} is not live: compute or reload it before offloading it")
+        device_copy = self.read(node, tag)
+        meta = {**node.meta, "val": _host_like(node.meta.get("val"))}
+        self.offloading[value] = self._call(offload_to_host, (device_copy,), value + "_offload", meta, tag)
+
+    def _commit_offload(self, value: str, tag: str) -> None:
+        """The free after an offload: the device copy is read for the last time once the copy to
+        host is done, and the host copy is the value from here on (until a reload)."""
+        start = self.offloading.pop(value)
+        device_copy = self.env.pop(value)  # a read after this free, without a reload, is an error
+        self.version[value] = self.version.get(value, 0) + 1  # and so is a view of it derived before
+        self.host_copy[value] = self._call(offload_done, (start, device_copy), value + "_offloaded", start.meta, tag)
+        self.offloaded[value] = None
+
+    def reload(self, value: str, tag: str, where: str) -> None:
+        """Allocate the value on its device again and start the copy back; its first reader waits."""
+        node = self._offloadable(value, where)
+        if value in self.offloading:
+            raise RewriteError(f"{where}: {value!r} is reloaded before its offload is finished: "
+                               f"add free({value}) after offload({value}) and before the reload")
+        if value not in self.host_copy:
+            said = "since its last reload" if value in self.offloaded else "ever"
+            raise RewriteError(f"{where}: {value!r} has not been offloaded {said}: a reload needs "
+                               f"offload({value}) and free({value}) before it")
+        if value in self.env:
+            raise RewriteError(f"{where}: {value!r} is live on the device: reload it only after the free "
+                               "that follows its offload")
+        val = node.meta.get("val")
+        device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+        copy = self._call(reload_to_device, (self.host_copy.pop(value), device), value + "_reload", node.meta, tag)
+        self.env[value] = copy
+        self.version[value] = self.version.get(value, 0) + 1
+        self.awaiting[value] = copy
 
     def finish(self, outputs: list) -> ScheduledJoint:
         out = self.graph.output(outputs)
@@ -213,4 +304,14 @@ class _JointBuilder:
             if isinstance(arg, fx.Node) and (arg.op == "placeholder" or self.region_of.get(arg) == FORWARD_TAG):
                 if not arg.name.startswith("tangents"):
                     saved[arg.name] = None
-        return ScheduledJoint(module=module, saved=tuple(saved), recomputed_names=tuple(self.recomputed))
+        return ScheduledJoint(module=module, saved=tuple(saved), recomputed_names=tuple(self.recomputed),
+                              offloaded=tuple(self.offloaded))
+
+
+def _host_like(val):
+    """The meta value of a host copy of ``val``: same dtype, sizes and strides, on the CPU, in
+    the joint's fake mode (AOTAutograd wants a FakeTensor for every saved value)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    mode = val.fake_mode if isinstance(val, FakeTensor) else None
+    return fake_like_mode(mode, lambda: torch.empty_strided(val.size(), val.stride(), dtype=val.dtype, device="cpu"))
