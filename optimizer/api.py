@@ -12,7 +12,8 @@ from frontends.capture.output_selection import check_outputs
 from frontends.capture.step import CapturedStep, capture
 from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
-from optimizer.split_plan import check_split, chunks_of, plan_with_split
+from optimizer.split_plan import check_split, chunks_of, falls_back, plan_with_split, split_when_infeasible
+from solvers.base import InfeasibleBudgetError
 from solvers.ir.budget import Budget
 from solvers.ir.plan import Plan
 from solvers.planning.planner import plan_for_schedule, plan_graph
@@ -71,7 +72,11 @@ def optimize(
     ``split`` (docs/python-api.md "Splitting huge ops"): ``k`` runs the LM head and its loss in k chunks of
     token rows, so the whole logits, log-softmax and gradient no longer set the memory floor
     (`frontends.split.row_split`); ``"auto"`` plans k in `optimizer.split_plan.SPLIT_CHOICES` and
-    keeps the cheapest plan that fits (the message says which k); None (default): no split.
+    keeps the cheapest plan that fits (the message says which k); None (default, with
+    ``split_mlp`` None too): no split where a whole-tensor plan fits, else the ``auto`` search,
+    the finest split probed first (`optimizer.split_plan.split_when_infeasible`: the message
+    says the planner split the step; where no split fits either,
+    `solvers.planning.split_search.SplitInfeasibleError` names both floors); ``1``: never split.
     ``split_mlp`` likewise runs every MLP (``linear -> gelu/silu/... -> linear``, SwiGLU too) in
     m chunks of token rows (`frontends.split.mlp_split`), so its wide intermediate exists one chunk at
     a time where the plan recomputes it; None (default) means 1, or, under ``split="auto"``, that
@@ -96,7 +101,8 @@ def optimize(
 
     def replan(larger: CapturedStep) -> Plan:
         return plan_graph(larger.graph, request.budget, request.solver, request.solver_options,
-                          graph_nodes=len(larger.gm.graph.nodes), allocator=request.allocator, loop=loop)
+                          graph_nodes=len(larger.gm.graph.nodes), allocator=request.allocator, loop=loop,
+                          **request.offload_settings)
 
     def reschedule(smaller: CapturedStep, planned: Plan, message: str) -> Plan:
         return plan_for_schedule(smaller.graph, planned.schedule, planned.budget_bytes, planned, message=message)
@@ -112,8 +118,9 @@ def _as_tuple(example_inputs) -> tuple:
 
 def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
                      request: PlanRequest) -> tuple[CapturedStep, Plan]:
-    """Capture the step and plan it (for each row split asked for: see `optimizer.split_plan`);
-    a malformed split or outputs fails before the (slow) capture."""
+    """Capture the step and plan it (for each row split asked for: see `optimizer.split_plan`;
+    with none asked for, split only when no whole-tensor plan fits); a malformed split or
+    outputs fails before the (slow) capture."""
     check_split(request.split, request.split_mlp)
     check_outputs(request.outputs)
     check_optimizer(request.optimizer)
@@ -126,11 +133,15 @@ def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
 
     def plan_captured(captured: CapturedStep, budget_or_bytes) -> Plan:
         return plan_graph(captured.graph, budget_or_bytes, request.solver, request.solver_options,
-                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop)
+                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop,
+                          **request.offload_settings)
 
-    if request.split is None and request.split_mlp is None:
+    if falls_back(request.split, request.split_mlp):  # unsplit; split only where no whole-tensor plan fits
         captured = capture_split(1, 1)
-        plan = plan_captured(captured, request.budget)
+        try:
+            plan = plan_captured(captured, request.budget)
+        except InfeasibleBudgetError as err:
+            captured, plan = split_when_infeasible(capture_split, plan_captured, captured, err, request.allocator)
     else:
         captured, plan = plan_with_split(capture_split, plan_captured, request.budget, request.split,
                                          request.allocator, request.split_mlp)

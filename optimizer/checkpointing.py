@@ -12,7 +12,8 @@ RNG) right whatever the policy says; a policy that does not line up with the mod
 memory, and the wrapper warns once when a region's op counts differ from the plan's.
 The wrappers, and plans as files, are in `frontends.eager_runtime.eager_checkpoint`; the capture
 with MLPs in row chunks in `frontends.eager_runtime.split_capture`. ``split_mlp=m`` runs the
-MLP modules in m row chunks, each under its own checkpoint (`frontends.eager_runtime.eager_split`).
+MLP modules in m row chunks, each under its own checkpoint (`frontends.eager_runtime.eager_split`);
+left at None, the MLPs are split only where no plan with whole MLPs fits.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.baselines import store_all_schedule
 from solvers.blocks import find_blocks
 from solvers.ir.budget import Budget
+from solvers.ir.graph import RematGraph
+from solvers.ir.plan import Plan
 from solvers.ir.simulator import simulate
 from solvers.planning.eager_plan import (
     CHUNKED,
@@ -64,6 +67,7 @@ from solvers.planning.eager_plan import (
 )
 from solvers.planning.planner import plan_graph
 from solvers.planning.request import PlanRequest, SettingsError
+from solvers.planning.split_search import SPLIT_CHOICES, fallback_split, falls_back
 from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 
 
@@ -119,6 +123,11 @@ def apply_checkpointing(
     Raises `frontends.eager_runtime.eager_split.EagerSplitError` (an `MlpSplitError`) when no MLP module can be
     split, naming why (dropout inside, a forward that does more than the chain). ``split`` (the
     LM head and loss in row chunks) is the graph runtime's (`optimize(..., split=k)`): refused.
+    ``split_mlp=None`` (default) keeps the MLPs whole unless no plan with whole MLPs fits: then
+    m = 8 is planned, and where it fits m = 2, 4, 8, and the cheapest plan that fits is applied,
+    its message saying so (`solvers.planning.split_search.fallback_split`); where m = 8 does not
+    fit either, `SplitInfeasibleError` (an `InfeasibleBudgetError`) names both floors.
+    ``split_mlp=1`` never splits.
     """
     if settings.get("solver", "auto") not in ("auto", "eager"):
         raise ValueError(f"apply_checkpointing plans with solver='auto'; got {settings['solver']!r} (the graph "
@@ -136,32 +145,40 @@ def apply_checkpointing(
     loop = training_loop(list(model.parameters()), request.optimizer, request.grad_accumulation)
     capture_settings = (request.cost_model, request.grad_outputs, request.python_side_effects)
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    captured, trace, labels, splits, notes = capture_split(model, inputs, example_kwargs, mlp_chunks,
-                                                            *capture_settings)
+    on_cpu_ = on_cpu(model, inputs)
+    solved: dict[int, _Solved] = {}
+
+    def capture(_head: int, chunks: int) -> _EagerStep:
+        return _capture_step(model, inputs, example_kwargs, chunks, capture_settings, on_cpu_)
+
+    def plan_step(step: _EagerStep, budget: Budget | int) -> Plan:
+        solved[id(step)] = _solve(step, budget, loop, request.time_limit)
+        return solved[id(step)].plan
+
+    step = capture(1, mlp_chunks)
     planning_budget: Budget | int = request.budget
     unsplit_peak = None
-    if splits and request.budget.is_percentage:
+    if step.splits and request.budget.is_percentage:
         # A percentage stays one of the unsplit step's plain-autograd peak, as in the graph runtime.
         unsplit = capture_for_eager(model, inputs, example_kwargs, *capture_settings)
-        unsplit_graph = eager_graph(unsplit.graph, unsplit.gm, on_cpu(model, inputs))
+        unsplit_graph = eager_graph(unsplit.graph, unsplit.gm, on_cpu_)
         unsplit_peak = simulate(unsplit_graph, store_all_schedule(unsplit_graph)).peak_bytes
         planning_budget = request.budget.resolve(unsplit_peak)
-    graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, on_cpu(model, inputs))
-    found = candidates(graph, trace, model)
-    base_graph = graph
-    graph = with_holds(graph, held_values(graph, trace, found))
-    store_all = simulate(graph, store_all_schedule(graph))
-    if loop.counts_anything:
-        planning_budget = loop_budget(loop, graph, planning_budget, store_all.peak_bytes, end_bytes(store_all))[1]
     try:
-        solution = solve_eager(graph, found, planning_budget, time_limit_s=request.time_limit, chunked=labels.chunks)
+        plan_step(step, planning_budget)
     except InfeasibleBudgetError as err:
-        raise iteration_error(err, loop.held_bytes(graph)) from None
-    plan = with_loop(solution_plan(solution, graph, graph_nodes=len(captured.gm.graph.nodes)), loop, graph,
-                     end_bytes(solution.simulation), end_bytes(store_all),
-                     in_place_accumulation=solution.graph)
-    if captured.notes or notes:
-        plan = dataclasses.replace(plan, message="; ".join((plan.message, *notes, *captured.notes)))
+        if not falls_back(request.split, request.split_mlp):
+            raise
+        # No plan with whole MLPs fits: split them (the search optimize(split_mlp="auto") runs).
+        choice = fallback_split(capture, plan_step, step, err, None, refused=RowSplitError,
+                                heads=(1,), mlps=SPLIT_CHOICES)
+        step, mlp_chunks = choice.captured, choice.chunks[1]
+        solved[id(step)] = dataclasses.replace(solved[id(step)], plan=choice.plan)
+    solution, plan = solved[id(step)].solution, solved[id(step)].plan
+    graph, base_graph, trace, found, splits, labels = (step.graph, step.base_graph, step.trace, step.found,
+                                                      step.splits, step.labels)
+    if step.captured.notes or step.notes:
+        plan = dataclasses.replace(plan, message="; ".join((plan.message, *step.notes, *step.captured.notes)))
     regions = _policies(solution, graph, trace, found)
     checkpointed = {chunk_group(c.path).removesuffix(".<chunks>") for c in solution.choices if c.option == CHUNKED}
     splits = tuple(dataclasses.replace(sp, checkpoint=sp.path in checkpointed) for sp in splits)
@@ -181,6 +198,54 @@ def apply_checkpointing(
     return CheckpointPlan(regions=regions, model_signature=model_signature(model),
                           model_class=type(model).__name__, plan=plan,
                           summary=tuple(summary.items()), splits=splits)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EagerStep:
+    """The step captured for the eager planner, its MLP modules in ``splits``' row chunks (none:
+    whole): what `fallback_split` captures and plans per MLP chunk count."""
+
+    graph: RematGraph
+    """What the planner solves: module labels (chunks included) and the values regions hold."""
+    base_graph: RematGraph
+    """The same without the holds (the graph runtime's comparison plans it)."""
+    captured: Any
+    trace: EagerTrace
+    labels: Any
+    splits: tuple
+    notes: tuple[str, ...]
+    found: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class _Solved:
+    solution: EagerSolution
+    plan: Plan
+
+
+def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, capture_settings: tuple,
+                  cpu: bool) -> _EagerStep:
+    captured, trace, labels, splits, notes = capture_split(model, inputs, kwargs, mlp_chunks, *capture_settings)
+    base_graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, cpu)
+    found = candidates(base_graph, trace, model)
+    graph = with_holds(base_graph, held_values(base_graph, trace, found))
+    return _EagerStep(graph, base_graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
+
+
+def _solve(step: _EagerStep, budget: Budget | int, loop: TrainingLoop, time_limit: float) -> _Solved:
+    """The eager plan of ``step`` for ``budget`` (the whole iteration's, with the ``loop``'s
+    optimizer and accumulation counted); raises `InfeasibleBudgetError` in the iteration's bytes."""
+    graph = step.graph
+    store_all = simulate(graph, store_all_schedule(graph))
+    if loop.counts_anything:
+        budget = loop_budget(loop, graph, budget, store_all.peak_bytes, end_bytes(store_all))[1]
+    try:
+        solution = solve_eager(graph, step.found, budget, time_limit_s=time_limit, chunked=step.labels.chunks)
+    except InfeasibleBudgetError as err:
+        raise iteration_error(err, loop.held_bytes(graph)) from None
+    plan = with_loop(solution_plan(solution, graph, graph_nodes=len(step.captured.gm.graph.nodes)), loop, graph,
+                     end_bytes(solution.simulation), end_bytes(store_all), in_place_accumulation=solution.graph)
+    return _Solved(solution, plan)
 
 
 def _comparisons(graph, base_graph, found, budget: int, time_limit: float,

@@ -38,6 +38,7 @@ from solvers import SOLVERS
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolverUnavailableError
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.budget import Budget, BudgetError, format_bytes
+from solvers.ir.link import default_link, get_link
 from solvers.ir.plan import Plan
 from solvers.ir.plan_text import format_plan
 from solvers.planning.batch_search import DEFAULT_LIMIT, DTYPES, WhatIfError
@@ -133,6 +134,10 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--measure", action="store_true",
                         help="run one real training step of the rewritten module and report its "
                              "measured peak and step time next to the prediction")
+    parser.add_argument("--offload", nargs="?", const="default", default=None, metavar="LINK",
+                        help="let the plan copy saved values to host memory and back where that is faster "
+                             "than recomputing them: LINK is pcie4, pcie5 or nvlink-c2c (default: pcie5 "
+                             "for --device h100/h200, else pcie4); docs/what-if.md 'Offload'")
     parser.add_argument("--json", metavar="FILE", help="write the plan as JSON (same field names as Plan)")
     parser.add_argument("--split", default=None, metavar="K|auto",
                         help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
@@ -335,6 +340,8 @@ def _planning_errors(budget: str | int):
         elif err.lower_bound_bytes is not None:  # the optimizer step alone: no schedule changes it
             hint = (f"{getattr(err, 'detail', '')}; try --budget {err.lower_bound_bytes} "
                     f"({format_bytes(err.lower_bound_bytes)}) or more")
+        if getattr(err, "split_summary", ""):  # split=None tried splitting the step too (split_search)
+            hint += f" ({err.split_summary})"
         raise CliError(f"budget {format_bytes(err.budget_bytes)} is too small{hint}", EXIT_INFEASIBLE) from None
     except SolverUnavailableError as err:
         raise CliError(str(err), EXIT_SOLVER) from None
@@ -375,6 +382,8 @@ def run(args: argparse.Namespace) -> str:
     if loop_given and (args.world_size is not None or args.strategy is not None):
         raise CliError("--optimizer and --grad-accumulation are not counted per rank yet: drop them with "
                        "--world-size or --strategy", EXIT_USAGE)
+    if args.offload is not None and not args.meta:
+        raise CliError(OFFLOAD_META_ONLY, EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
     if args.meta:
         return _run_meta(args, model, inputs, budget, cost_model, allocator)
@@ -482,10 +491,25 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
                                         verbose=args.verbose, name=args.model, allocator=allocator,
                                         grad_outputs=args.grad_outputs, optimizer=args.optimizer,
                                         grad_accumulation=args.grad_accumulation,
-                                        device="cuda" if args.device else "cpu")
+                                        device="cuda" if args.device else "cpu", **_offload_settings(args))
     if args.json:
         _write_plan_json(args.json, args.model, planned.plan)
     return planned.report
+
+
+OFFLOAD_META_ONLY = ("--offload plans one step from shapes alone for now: add --meta (the runtimes that run "
+                     "offloads, sweeps and largest-batch searches with them are not wired to the CLI yet)")
+
+
+def _offload_settings(args: argparse.Namespace) -> dict:
+    """``--offload [LINK]``: the planner's offload keywords (the device's usual link by default)."""
+    if args.offload is None:
+        return {}
+    try:
+        link = default_link(args.device) if args.offload == "default" else get_link(args.offload)
+    except ValueError as err:
+        raise CliError(f"--offload: {err}", EXIT_USAGE) from None
+    return {"offload": "auto", "link": link}
 
 
 def _write_plan_json(path: str, model_path: str, plan: Plan, **extra) -> None:
@@ -529,6 +553,8 @@ def run_whatif(args: argparse.Namespace) -> str:
     if args.split is not None or args.split_mlp is not None:  # what-if plans unsplit steps: say so
         raise CliError("--split and --split-mlp split one plan's step: leave out --sweep, --max-batch, "
                        "--report and --plots", EXIT_USAGE)
+    if args.offload is not None:
+        raise CliError(OFFLOAD_META_ONLY, EXIT_USAGE)
     if args.max_batch and args.budget is None and args.device is None:
         raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
     budget, cost_model, allocator = _device_settings(args)

@@ -27,7 +27,11 @@ def remat_backend(budget: PlanRequest | Budget | int | str, *, compiler: str = "
     gradients, inputs, activations), or a percentage, which applies to each graph's own
     plain-autograd peak. ``settings``: `COMPILE_SETTINGS` (``solver``, ``time_limit``,
     ``threads``, ``verbose``, ``milp_engine``, ``cost_model``, ``allocator``, ``split``,
-    ``split_mlp``), as `optimize` takes them. ``compiler``: ``inductor`` (the default when a C++
+    ``split_mlp``, ``optimizer``, ``grad_accumulation``), as `optimize` takes them. ``optimizer``
+    (an instance, or a description such as ``"adamw"``, counted over the parameters the graphs
+    read) and ``grad_accumulation=k`` put the optimizer's state, its step and gradients kept
+    across micro-batches in each graph's budget (``backend.plans[i].plan.breakdown``); not with
+    ``fit="inductor"``. ``compiler``: ``inductor`` (the default when a C++
     compiler is present), ``eager`` (fx code; what `backend.meter` measures) or ``auto``.
     ``fullgraph``: refuse graph breaks (the exact mode). ``fit="inductor"``: re-plan each graph
     (at most ``fit_iterations`` plans, each probed by a trial Inductor compile that stops at the
@@ -42,7 +46,9 @@ def remat_backend(budget: PlanRequest | Budget | int | str, *, compiler: str = "
     `frontends.split.row_split.RowSplitError`. ``split="auto"`` (``split_mlp="auto"``): each
     graph plans k = 1, 2, 4, 8 (then m = 2, 4, 8) and is split the way whose plan is cheapest and
     fits, as ``optimize(split="auto")`` chooses; a graph with no chain is compiled unsplit, and
-    the plan's message names the choice.
+    the plan's message names the choice. With ``split`` and ``split_mlp`` left at None, a graph
+    for which no whole-tensor plan fits is split as ``optimize`` splits it (finest split, then
+    ``"auto"``), and its plan's message says so; ``split=1`` never splits.
     """
     request = PlanRequest.of(budget, "remat_backend", COMPILE_SETTINGS, **settings)
     return RematBackend(CompileSettings.of(request, compiler=compiler, fullgraph=fullgraph, fit=fit,

@@ -66,6 +66,9 @@ def plan_without_hardware(
     optimizer: str | None = None,
     grad_accumulation: int = 1,
     device: str = "cpu",
+    offload: bool | str = False,
+    link=None,
+    host_budget: int | None = None,
 ) -> MetaPlan:
     """Capture ``model`` on shapes alone and plan it for ``budget`` (report only).
 
@@ -77,6 +80,8 @@ def plan_without_hardware(
     ``grad_outputs``: as in `optimizer.optimize`. ``optimizer`` (a description, `OPTIMIZERS`)
     and ``grad_accumulation``: the whole iteration as the budget, the optimizer's memory measured
     on fake parameters of ``device`` (``cuda``: torch's foreach path, step counters on the host).
+    ``offload`` (``"auto"`` or False), ``link`` and ``host_budget``: saved values may go to host
+    memory and back (`solvers.planning.planner.plan_graph`).
     """
     if cost_model == "profile":
         raise ValueError("the profile cost model times ops on a device; plan without hardware "
@@ -93,7 +98,7 @@ def plan_without_hardware(
     fx_nodes = len(captured.gm.graph.nodes)
     start = time.perf_counter()
     plan = plan_graph(captured.graph, budget, solver, options, graph_nodes=fx_nodes,
-                      allocator=allocator, loop=loop)
+                      allocator=allocator, loop=loop, offload=offload, link=link, host_budget=host_budget)
     plan_s = time.perf_counter() - start
     report = format_plan(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \
         f"plan {plan_s:.1f} s; nothing was allocated or run)"

@@ -3,7 +3,9 @@
 
 The search itself (which candidates, in which order, the cheapest plan that fits, the message)
 is `solvers.planning.split_search`, shared with the compile backend's ``split="auto"``; this
-module checks `optimize`'s arguments and runs the search on `CapturedStep`s.
+module checks `optimize`'s arguments and runs the search on `CapturedStep`s: the one asked for
+(`plan_with_split`), or, with ``split`` and ``split_mlp`` left at None, the fallback when no
+whole-tensor plan fits (`split_when_infeasible`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,21 @@ from collections.abc import Callable
 
 from frontends.capture.step import CapturedStep
 from frontends.split.row_split import RowSplitError, check_chunks
+from solvers.base import InfeasibleBudgetError
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.plan import Plan
-from solvers.planning.split_search import SPLIT_CHOICES, Candidate, search_splits, split_choices
+from solvers.planning.split_search import (
+    SPLIT_CHOICES,
+    Candidate,
+    SplitInfeasibleError,
+    fallback_split,
+    falls_back,
+    search_splits,
+    split_choices,
+)
 
-__all__ = ["SPLIT_CHOICES", "Candidate", "check_split", "chunks_of", "plan_with_split"]
+__all__ = ["SPLIT_CHOICES", "Candidate", "SplitInfeasibleError", "check_split", "chunks_of", "falls_back",
+           "plan_with_split", "split_when_infeasible"]
 
 
 def check_split(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -54,4 +66,16 @@ def plan_with_split(capture: Callable[[int, int], CapturedStep],
     """
     heads, mlps = check_split(split, split_mlp)
     choice = search_splits(capture, plan, budget, heads, mlps, allocator, refused=RowSplitError)
+    return choice.captured, choice.plan
+
+
+def split_when_infeasible(capture: Callable[[int, int], CapturedStep],
+                          plan: Callable[[CapturedStep, int], Plan], unsplit: CapturedStep,
+                          unsplit_error: InfeasibleBudgetError,
+                          allocator: AllocatorModel | None) -> tuple[CapturedStep, Plan]:
+    """``split=None``: the unsplit step (``unsplit``) raised ``unsplit_error``, so plan the
+    cheapest split that fits the same budget (`solvers.planning.split_search.fallback_split`;
+    the plan's message says so). Raises `SplitInfeasibleError` (an `InfeasibleBudgetError`)
+    naming the unsplit floor and the finest split's when that does not fit either."""
+    choice = fallback_split(capture, plan, unsplit, unsplit_error, allocator, refused=RowSplitError)
     return choice.captured, choice.plan

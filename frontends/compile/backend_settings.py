@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from frontends.compile.compile_split import backend_split_choices
 from frontends.compile.inductor_fit import FITS
 from frontends.measure.costs import check_cost_model_name
+from frontends.measure.optimizer_memory import check_optimizer
 from frontends.torch_compat import inductor_get_cpp_compiler
 from solvers.planning.request import PlanRequest
 
 COMPILERS = ("auto", "inductor", "eager")
 COMPILE_SETTINGS = ("solver", "time_limit", "threads", "verbose", "milp_engine", "cost_model", "allocator",
-                    "split", "split_mlp")
+                    "split", "split_mlp", "optimizer", "grad_accumulation")
 """The `PlanRequest` settings the compile backend honours (capture settings are dynamo's)."""
 
 
@@ -63,6 +64,7 @@ class CompileSettings:
             raise ValueError("cost_model='profile' needs the real model: use 'flops' or "
                              "'roofline:<device>' with torch.compile")
         check_cost_model_name(request.cost_model)
+        check_optimizer(request.optimizer)
         if compiler == "auto":
             compiler = "inductor" if inductor_available() else "eager"
         if fit is not None:
@@ -74,6 +76,9 @@ class CompileSettings:
             if request.allocator is not None:
                 raise ValueError("fit='inductor' counts Inductor's buffers without an allocator model: "
                                  "pass allocator=None, or fit=None to plan with the allocator")
+            if request.optimizer is not None or request.grad_accumulation > 1:
+                raise ValueError("fit='inductor' fits forward and backward's compiled peak only, not yet the "
+                                 "optimizer's state and step: pass fit=None to plan the whole iteration")
             if fit_iterations < 1:
                 raise ValueError(f"fit_iterations must be at least 1, got {fit_iterations}")
             if not 0 <= fit_tolerance < 1:

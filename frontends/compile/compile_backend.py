@@ -24,7 +24,9 @@ AOTAutograd and Inductor, and keeps the plans. `optimizer.compile.remat_backend`
 Graph breaks give several graphs per step; `solvers.planning.graph_budget` says how the step's budget is
 shared and bounds the whole step's peak (`RematBackend.summary`). ``fullgraph=True`` refuses a
 second graph, the exact mode. ``split=k`` / ``split_mlp=m`` chunk each graph's LM head + loss
-and MLPs before AOTAutograd traces it (`frontends.compile.compile_split`). Every plan made is kept in
+and MLPs before AOTAutograd traces it (`frontends.compile.compile_split`); with both left at None a
+graph whose partition finds no whole-tensor plan is split and compiled again
+(`frontends.compile.auto_split.split_when_infeasible`). Every plan made is kept in
 ``backend.plans``. An error of remat-opt's
 (a budget too small, a graph break under ``fullgraph``) reaches the caller as itself, not wrapped
 in dynamo's ``BackendCompilerFailed`` (`frontends.compile.compile_errors`).
@@ -44,7 +46,7 @@ from typing import Any
 import torch
 
 from frontends.capture.step import CapturedStep
-from frontends.compile.auto_split import choose_split
+from frontends.compile.auto_split import choose_split, split_when_infeasible
 from frontends.compile.backend_settings import CompileSettings
 from frontends.compile.compile_errors import own_error_to_raise, planning_errors
 from frontends.compile.compile_split import GraphSplits, split_compiled_graph
@@ -59,6 +61,7 @@ from frontends.compile.inductor_memory import (
 )
 from frontends.compile.joint_planning import plan_joint
 from frontends.graph_runtime.remat_module import boxed
+from frontends.measure.optimizer_memory import training_loop
 from frontends.torch_compat import (
     CompileContext,
     dynamo_aot_autograd,
@@ -68,9 +71,12 @@ from frontends.torch_compat import (
     inductor_custom_partitioner_fn,
     inductor_get_hash_for_files,
 )
+from solvers.base import InfeasibleBudgetError
 from solvers.ir.graph import RematGraph
 from solvers.ir.plan import Plan
 from solvers.planning.graph_budget import GraphFootprint, StepBudgetSummary, graph_budget, summarize
+from solvers.planning.split_search import falls_back
+from solvers.planning.training_loop import TrainingLoop
 
 _PLAN_KEY = "remat_opt_compile_id"
 
@@ -104,6 +110,9 @@ class GraphPlan:
     which plan was kept (``plan.budget_bytes`` is then its planning budget)."""
     splits: GraphSplits | None = None
     """``split`` / ``split_mlp``: the chains split in this graph before AOTAutograd traced it."""
+    held_bytes: int = 0
+    """What the training loop holds beside this graph (optimizer state, accumulated gradients):
+    in the plan's peak already, added to Inductor's compiled peak, which counts the graph only."""
 
     @property
     def graph_budget_bytes(self) -> int:
@@ -113,7 +122,10 @@ class GraphPlan:
     @property
     def predicted_peak_bytes(self) -> int:
         """The peak of this graph's step as compiled: Inductor-aware when Inductor compiled it."""
-        return self.compiled_peak.predicted_peak_bytes if self.compiled_peak else self.plan.predicted_peak_bytes
+        if self.compiled_peak is None:
+            return self.plan.predicted_peak_bytes
+        return max(self.compiled_peak.predicted_peak_bytes + self.held_bytes,
+                   self.plan.breakdown.optimizer_step_peak_bytes)
 
 
 class RematBackend:
@@ -134,6 +146,9 @@ class RematBackend:
         self.meter = CompiledStepMeter()
         """Measures the compiled forward/backward's live bytes (eager compiler; see the module)."""
         self._frames: list[int] = []
+        self._parameters: dict[int, torch.Tensor] = {}
+        """The parameters the graphs read, as dynamo hands them over (an optimizer description's)."""
+        self._loops: dict[tuple[int, ...], TrainingLoop] = {}
         self.__name__ = f"remat_backend_{settings.compiler}"
 
     @property
@@ -161,6 +176,9 @@ class RematBackend:
         compile_id = CompileContext.current_compile_id()
         name = f"graph {compile_id}" if compile_id is not None else "the graph"
         self._auto_budget = None
+        for value in example_inputs:  # what an optimizer description's state is counted over
+            if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+                self._parameters.setdefault(id(value), value)
         with planning_errors():  # a split refused reaches the caller as itself
             if len(self.settings.heads) > 1 or len(self.settings.mlps) > 1:
                 self._graph_splits = self._choose_split(gm, example_inputs, name, compile_id)
@@ -168,6 +186,24 @@ class RematBackend:
                 self._graph_splits = split_compiled_graph(
                     gm, example_inputs, self.settings.heads[0], self.settings.mlps[0], name,
                     head_required=not self._split_done["head"], mlp_required=not self._split_done["mlp"])
+        if not falls_back(self.request.split, self.request.split_mlp):
+            return self._compile_as_split(gm, example_inputs)
+        try:
+            return self._compile_as_split(gm, example_inputs)
+        except Exception as err:
+            unsplit_error = _infeasible_in(err)
+            if unsplit_error is None:
+                raise
+        # split=None and no whole-tensor plan fits this graph: split it, and compile again.
+        frame = str(compile_id.frame_id) if compile_id is not None else str(len(self._frames))
+        with planning_errors():
+            chosen = split_when_infeasible(gm, example_inputs, name, frame, unsplit_error, self.settings,
+                                           self.reader, f"graph{len(self.plans)}")
+        self._graph_splits, self._auto_budget = chosen.splits, chosen.budget_bytes
+        return self._compile_as_split(gm, example_inputs)
+
+    def _compile_as_split(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        """Compile ``gm`` as `_compile` split it (its partition function plans it)."""
         if self._graph_splits is not None:
             self._split_done["head"] |= bool(self._graph_splits.row_splits)
             self._split_done["mlp"] |= bool(self._graph_splits.mlp_splits.splits)
@@ -207,16 +243,17 @@ class RematBackend:
                                                  planned.graph.resident_bytes)
             except ValueError:  # halves that do not pair up: keep the plan's own peak
                 return
-            footprint = dataclasses.replace(planned.footprint, peak_bytes=compiled.predicted_peak_bytes)
-            self.plans[index] = dataclasses.replace(planned, compiled_peak=compiled, footprint=footprint)
+            planned = dataclasses.replace(planned, compiled_peak=compiled)
+            footprint = dataclasses.replace(planned.footprint, peak_bytes=planned.predicted_peak_bytes)
+            self.plans[index] = dataclasses.replace(planned, footprint=footprint)
             fit = planned.fit
             if fit is not None and compiled.predicted_peak_bytes > fit.budget_bytes:
                 warnings.warn(f"graph {index}: Inductor compiled the fitted plan to a {compiled.predicted_peak_bytes}-"
                               f"byte peak, above its {fit.budget_bytes}-byte budget (the fit's probe predicted "
                               f"{fit.compiled_peak_bytes}): this torch's Inductor differs from the probe; use "
                               "fit=None", RuntimeWarning, stacklevel=2)
-            elif fit is None and compiled.predicted_peak_bytes > planned.plan.budget_bytes:
-                warnings.warn(f"graph {index}: Inductor compiled the plan to a {compiled.predicted_peak_bytes}-byte "
+            elif fit is None and planned.predicted_peak_bytes > planned.plan.budget_bytes:
+                warnings.warn(f"graph {index}: Inductor compiled the plan to a {planned.predicted_peak_bytes}-byte "
                               f"peak, above its {planned.plan.budget_bytes}-byte budget (extern kernels' workspace "
                               "or layout copies the unfused plan does not hold): pass fit='inductor', which "
                               "keeps only plans whose compiled peak fits", RuntimeWarning, stacklevel=2)
@@ -252,8 +289,9 @@ class RematBackend:
         captured = CapturedStep(joint=types.SimpleNamespace(graph_module=joint_module), graph=read.graph,
                                 value_of=read.value_of, num_fwd_outputs=read.num_fwd_outputs, param_names=(),
                                 buffer_names=(), cost_model=read.graph.cost_model)
+        loop = self.training_loop()
         planned = plan_joint(self.settings, captured, read.graph, budget, num_fwd_outputs,
-                             static_lifetime_input_indices, joint_inputs)
+                             static_lifetime_input_indices, joint_inputs, loop)
         plan, splits = planned.plan, self._graph_splits
         if splits is not None:  # said in the plan, as optimize() says what capture split
             plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, splits.describe()))))
@@ -263,8 +301,24 @@ class RematBackend:
             index=len(self.plans), compile_id=compile_id,
             budget_bytes=budget, plan=plan, graph=read.graph,
             footprint=graph_footprint(read.graph, plan, joint_module, read.value_of, static_lifetime_input_indices),
-            forward_graph=fw, backward_graph=bw, fit=planned.fit, splits=splits))
+            forward_graph=fw, backward_graph=bw, fit=planned.fit, splits=splits,
+            held_bytes=loop.held_bytes(read.graph) if loop is not None else 0))
         return fw, bw
+
+    def training_loop(self) -> TrainingLoop | None:
+        """The loop the budget holds beside each graph (`solvers.planning.training_loop`), None
+        without ``optimizer`` or ``grad_accumulation``. An optimizer instance counts the state of
+        every parameter it trains; a description, of the parameters the graphs compiled so far
+        read (a graph break before some of them: earlier graphs count less; pass the instance)."""
+        request = self.request
+        if request.optimizer is None and request.grad_accumulation == 1:
+            return None
+        parameters = (list(self._parameters.values()) if not isinstance(request.optimizer, torch.optim.Optimizer)
+                      else [p for group in request.optimizer.param_groups for p in group["params"]])
+        key = tuple(id(p) for p in parameters)
+        if key not in self._loops:
+            self._loops[key] = training_loop(parameters, request.optimizer, request.grad_accumulation)
+        return self._loops[key]
 
     def _graph_budget(self, frame: str | None = None) -> int | str:
         """This graph's budget: the percentage, or what the step's bytes leave it after the
@@ -332,6 +386,19 @@ def _partitioner_base():
         return inductor_custom_partitioner_fn()  # Inductor, imported only on its path
     except ImportError:  # older torch: Inductor takes no custom partitioner
         return object
+
+
+def _infeasible_in(err: BaseException) -> InfeasibleBudgetError | None:
+    """The `InfeasibleBudgetError` a compile raised, as raised or inside what AOTAutograd or
+    Inductor wrapped it in (None: the compile failed otherwise)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, InfeasibleBudgetError):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return None
 
 
 class RematPartitioner(_partitioner_base()):

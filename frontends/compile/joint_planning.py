@@ -29,6 +29,7 @@ from solvers.ir.budget import resolve_budget
 from solvers.ir.graph import RematGraph
 from solvers.ir.plan import Plan
 from solvers.planning.planner import plan_from_schedule, plan_graph, store_all_peak_bytes
+from solvers.planning.training_loop import TrainingLoop
 
 MIN_CUT_SEEDS = DEFAULT_FRACTIONS
 """``activation_memory_budget`` values (0 to 1 by 0.1) whose min-cut partitions seed
@@ -56,15 +57,17 @@ class JointPlan:
 
 
 def plan_joint(settings: CompileSettings, captured: CapturedStep, graph: RematGraph, budget: int | str,
-               num_fwd_outputs: int, static_inputs: list[int], joint_inputs) -> JointPlan:
-    """Plan ``graph`` (the joint graph of ``captured``) at ``budget`` as ``settings`` say."""
+               num_fwd_outputs: int, static_inputs: list[int], joint_inputs,
+               loop: TrainingLoop | None = None) -> JointPlan:
+    """Plan ``graph`` (the joint graph of ``captured``) at ``budget`` as ``settings`` say;
+    ``loop``: the optimizer and accumulation the budget also holds (`plan_graph`; not with a fit)."""
     joint_module = captured.joint.graph_module
     request = settings.request
     graph_nodes = len(joint_module.graph.nodes)
 
     def plan_at(planning_budget: int | str) -> Plan:
         return plan_graph(graph, planning_budget, request.solver, request.solver_options,
-                          graph_nodes=graph_nodes, allocator=request.allocator)
+                          graph_nodes=graph_nodes, allocator=request.allocator, loop=loop)
 
     torch_graphs: list[tuple[Plan, tuple]] = []  # seeds that are torch's partitions unchanged
 

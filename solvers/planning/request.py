@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from solvers import SOLVERS
 from solvers.base import SolverOptions
 from solvers.ir.allocator import AllocatorModel
-from solvers.ir.budget import Budget
+from solvers.ir.budget import Budget, BudgetError, parse_bytes
+from solvers.ir.link import Link, offload_link_of
 
 MILP_ENGINES = ("auto", "cbc", "highs")
 
@@ -55,15 +56,26 @@ class PlanRequest:
     outputs: str = "all"
     """``all``: return every output; ``loss``: the scalar losses only (the rest is dropped)."""
     split: int | str | None = None
-    """The LM head and its loss in k row chunks, ``"auto"`` to choose k, None for whole."""
+    """The LM head and its loss in k row chunks, ``"auto"`` to choose k; None (with ``split_mlp``
+    None): whole, split as under ``"auto"`` only where no whole-tensor plan fits; 1: never split."""
     split_mlp: int | str | None = None
-    """Every MLP in m row chunks, ``"auto"``, or None (1; searched too under ``split="auto"``)."""
+    """Every MLP in m row chunks, ``"auto"``, or None (whole; searched too under ``split="auto"``,
+    and where no whole-tensor plan fits when ``split`` is None too); 1: never split."""
     optimizer: object = None
     """The training loop's optimizer: a ``torch.optim.Optimizer``, a description (``"adamw"``,
     ``"adamw-8bit"``, ``"sgd-momentum"``, ...: `frontends.measure.optimizer_memory`), or None (its
     state is not counted, and the plan says so). With one, the budget is the whole iteration's."""
     grad_accumulation: int = 1
     """Micro-batches per optimizer step: above 1, the gradients are held through forward and backward."""
+    offload: bool | str = False
+    """``"auto"``: each saved value may also be copied to host memory after forward and back before
+    backward, where that makes the step faster within the budget (`solvers.offload`); False: keep or
+    recompute only."""
+    link: Link | str | None = None
+    """The device-host link offloads are priced on: a `solvers.ir.link.Link` or a preset name
+    (``pcie4``, ``pcie5``, ``nvlink-c2c``); None: ``pcie5``. Only with ``offload="auto"``."""
+    host_budget: int | str | None = None
+    """Pinned host memory offloaded values may hold at once (bytes or a size like ``64GB``); None: no limit."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -79,6 +91,14 @@ class PlanRequest:
         k = self.grad_accumulation
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"grad_accumulation is a positive number of micro-batches per optimizer step, got {k!r}")
+        offload_link_of(self.offload, self.link)  # a bad offload or link fails here, naming the choices
+        if self.host_budget is not None:
+            if self.offload is False:
+                raise ValueError("host_budget= limits offloaded values: pass offload='auto' with it")
+            try:
+                parse_bytes(self.host_budget)
+            except BudgetError as err:
+                raise ValueError(f"host_budget: {err}") from None
         if self.allocator is not None and not isinstance(self.allocator, AllocatorModel):
             raise SettingsError(f"allocator must be an AllocatorModel or None, got {type(self.allocator).__name__}")
 
@@ -107,6 +127,12 @@ class PlanRequest:
     def solver_options(self) -> SolverOptions:
         return SolverOptions(time_limit_s=float(self.time_limit), threads=self.threads, verbose=self.verbose,
                              milp_engine=self.milp_engine)
+
+    @property
+    def offload_settings(self) -> dict[str, object]:
+        """`solvers.planning.planner.plan_graph`'s offload keywords for this request."""
+        host = None if self.host_budget is None else parse_bytes(self.host_budget)
+        return {"offload": self.offload, "link": self.link, "host_budget": host}
 
     def replace(self, **changes: object) -> PlanRequest:
         """This request with ``changes`` (a budget as any `Budget.of` reads)."""

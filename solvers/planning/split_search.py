@@ -5,10 +5,16 @@ Why a search over k and not a solver variable: a split changes the graph (k chun
 logits values), so each candidate is captured and planned, and the cheapest plan that fits the
 budget wins (ties go to fewer chunks). ``k = 1`` (unsplit) is always a candidate, so ``auto`` is
 never worse than no split; it costs one capture and plan per candidate, which is why it is not
-the default. ``auto`` searches the head first (k = 1, 2, 4, 8 with the MLPs unsplit), then the
+run where the unsplit plan fits. ``auto`` searches the head first (k = 1, 2, 4, 8 with the MLPs unsplit), then the
 MLPs (m = 2, 4, 8) with the head's best k: at most 7 candidates, not 16, and it stops as soon as
 a plan recomputes nothing. Percentage budgets stay percentages of the unsplit step's store-all
 peak (plain autograd's), whatever is chosen.
+
+``split=None`` (the default) plans unsplit and only when no whole-tensor plan fits runs
+`fallback_split`: the finest split that can be made (k = 8, m = 8) is probed first, so a budget
+no split reaches either costs one more capture, not seven, and raises `SplitInfeasibleError`
+naming both floors; where the probe fits, the search above picks the cheapest split that fits,
+reusing the unsplit and probe plans. A fitting unsplit plan pays nothing. ``split=1`` opts out.
 
 What a capture is (`optimize`'s `CapturedStep`, the compile backend's joint graph of one
 dynamo graph) and which error says a split cannot be made (`frontends.split.row_split.RowSplitError`)
@@ -20,7 +26,7 @@ same search, and read ``split`` / ``split_mlp`` the same way (`split_choices`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -36,6 +42,15 @@ SPLIT_CHOICES = (1, 2, 4, 8)
 
 Candidate = tuple[int, int]
 """(head chunks, MLP chunks)."""
+Tried = tuple["_Captured | None", "Plan | Exception"]
+"""A candidate's capture (None where it was refused) and its plan, or why it has none."""
+
+
+def falls_back(split: object, split_mlp: object) -> bool:
+    """Whether ``split`` / ``split_mlp`` as given leave the planner free to split the step when no
+    whole-tensor plan fits: only when neither was given (None). An explicit value, ``1``
+    included, is the user's choice and is never overridden."""
+    return split is None and split_mlp is None
 
 
 def split_choices(split: object, split_mlp: object,
@@ -79,7 +94,8 @@ class SplitChoice(Generic[C]):
 
 def search_splits(capture: Callable[[int, int], C], plan: Callable[[C, int], Plan], budget: Budget | int | str,
                   heads: tuple[int, ...], mlps: tuple[int, ...], allocator: AllocatorModel | None,
-                  refused: type[Exception]) -> SplitChoice[C]:
+                  refused: type[Exception], *, known: Mapping[Candidate, Tried] | None = None,
+                  why: str = "") -> SplitChoice[C]:
     """The cheapest plan over head chunk counts ``heads`` and MLP chunk counts ``mlps``.
 
     ``capture(k, m)`` captures the step with the head in k and the MLPs in m row chunks, raising
@@ -88,11 +104,20 @@ def search_splits(capture: Callable[[int, int], C], plan: Callable[[C, int], Pla
     refused candidate under ``auto`` is planned without that split and the note says why, an
     explicit count refused raises. Raises the `InfeasibleBudgetError` naming the smallest budget
     any candidate needs when none fits.
+
+    ``known``: candidates already captured and planned at this budget (``fallback_split``'s
+    unsplit plan and probe), used instead of planning them again (a known result with no
+    capture must be infeasible: a percentage ``budget`` needs the unsplit capture). ``why``:
+    said before the note (why the search ran).
     """
+    known = known or {}
     auto = len(heads) > 1 or len(mlps) > 1
     first = (heads[0], mlps[0])
     budget = Budget.of(budget)
-    unsplit = capture(1, 1) if first == (1, 1) or budget.is_percentage else None
+    if (1, 1) in known:
+        unsplit = known[(1, 1)][0]
+    else:
+        unsplit = capture(1, 1) if first == (1, 1) or budget.is_percentage else None
     allocator = allocator or AllocatorModel(block_bytes=1)
     reference = 0 if unsplit is None else store_all_peak_bytes(unsplit.graph, allocator)
     budget_bytes = budget.resolve(reference)  # a percentage is of the unsplit step
@@ -100,23 +125,27 @@ def search_splits(capture: Callable[[int, int], C], plan: Callable[[C, int], Pla
 
     def search(candidates: list[Candidate], may_refuse: bool) -> None:
         for k, m in candidates:
-            try:
-                captured = unsplit if (k, m) == (1, 1) and unsplit is not None else capture(k, m)
-            except refused as err:
-                if not may_refuse:
-                    raise
-                tried.append(((k, m), None, err))
-                return  # the same chain is refused at every chunk count
-            try:
-                tried.append(((k, m), captured, plan(captured, budget_bytes)))
-            except InfeasibleBudgetError as err:
-                tried.append(((k, m), captured, err))
+            if (k, m) in known:
+                tried.append(((k, m), *known[k, m]))
+            else:
+                try:
+                    captured = unsplit if (k, m) == (1, 1) and unsplit is not None else capture(k, m)
+                except refused as err:
+                    if not may_refuse:
+                        raise
+                    tried.append(((k, m), None, err))
+                    return  # the same chain is refused at every chunk count
+                try:
+                    tried.append(((k, m), captured, plan(captured, budget_bytes)))
+                except InfeasibleBudgetError as err:
+                    tried.append(((k, m), captured, err))
             if auto and isinstance(tried[-1][2], Plan) and tried[-1][2].extra_time_s == 0:
                 return  # nothing recomputed: more chunks cannot make the step cheaper
 
     search([(k, mlps[0]) for k in heads], len(heads) > 1)
     if len(mlps) > 1 and not _recomputes_nothing(tried):
         search([(_best_head(tried), m) for m in mlps[1:]], True)
+    tried.extend((c, *result) for c, result in known.items() if c not in {t[0] for t in tried})
     plans = [(c, cap, p) for c, cap, p in tried if isinstance(p, Plan)]
     if not plans:
         refusals = [e for _, _, e in tried if isinstance(e, refused)]
@@ -127,11 +156,114 @@ def search_splits(capture: Callable[[int, int], C], plan: Callable[[C, int], Pla
     if not auto:
         return SplitChoice(captured, chosen, (k, m))
     summary = ", ".join(_tried_text(c, result) for c, _, result in tried)
-    mlp_text = f" and {m} for the MLPs" if len(mlps) > 1 else ""
-    note = (f"split='auto' chose {k} row chunk{'s' if k > 1 else ''}{mlp_text}, the least step cost under "
-            f"the cost model ({summary})")
+    if len(heads) > 1:
+        chose = f"split='auto' chose {_chunks(k)}" + (f" and {m} for the MLPs" if len(mlps) > 1 else "")
+    else:
+        chose = f"split_mlp='auto' chose {_chunks(m)} for the MLPs"
+    note = f"{why}{chose}, the least step cost under the cost model ({summary})"
     return SplitChoice(captured, dataclasses.replace(chosen, message="; ".join(filter(None, (chosen.message, note)))),
                        (k, m), note)
+
+
+class SplitInfeasibleError(InfeasibleBudgetError):
+    """No whole-tensor plan fits, and the finest split that can be made does not fit either
+    (``split=None``'s fallback, `fallback_split`). The message gives both floors and what to do;
+    ``smallest_feasible_bytes`` is the smaller of the two budgets found to fit (where the split's
+    is smaller, the step is split by itself at that budget); ``lower_bound_bytes`` the lesser of
+    the two bounds known."""
+
+    def __init__(self, unsplit: InfeasibleBudgetError, chunks: Candidate | None, split: InfeasibleBudgetError | None):
+        self.unsplit_smallest_bytes = unsplit.smallest_feasible_bytes
+        """The least budget an unsplit plan was found to fit (None: none found)."""
+        self.unsplit_lower_bound_bytes = unsplit.lower_bound_bytes
+        """No unsplit plan fits below it (None: not known)."""
+        self.split_chunks = chunks
+        """(head chunks, MLP chunks) of the split probed; None: the step has nothing to split."""
+        self.split_smallest_bytes = split.smallest_feasible_bytes if split is not None else None
+        """The least budget that split was found to fit (None: none found, or nothing to split)."""
+        if split is None:  # nothing to split: the unsplit figures are the step's
+            super().__init__(unsplit.budget_bytes, unsplit.smallest_feasible_bytes,
+                             f"{unsplit.detail}; the step has no LM head + loss or MLP chain to split",
+                             exact=unsplit.exact, lower_bound_bytes=unsplit.lower_bound_bytes)
+            return
+        found = [b for b in (self.unsplit_smallest_bytes, self.split_smallest_bytes) if b is not None]
+        bounds = [b for b in (unsplit.lower_bound_bytes, split.lower_bound_bytes) if b is not None]
+        smallest = min(found) if found else None
+        super().__init__(unsplit.budget_bytes, smallest, self._detail(unsplit, split, smallest),
+                         lower_bound_bytes=min(bounds) if len(bounds) == 2 else None)
+
+    @property
+    def split_summary(self) -> str:
+        """Both floors in a few words, for a one-line report (the CLI's)."""
+        if self.split_chunks is None:
+            return "the step has no LM head + loss or MLP chain to split"
+        return (f"unsplit the least plan found needs {_bytes_or_none(self.unsplit_smallest_bytes)}, "
+                f"split ({self._split_text()}) {_bytes_or_none(self.split_smallest_bytes)}")
+
+    def _split_text(self) -> str:
+        k, m = self.split_chunks
+        parts = ([f"the LM head + loss in {_chunks(k)}"] if k > 1 else []) + (
+            [f"the MLPs in {_chunks(m)}"] if m > 1 else [])
+        return " and ".join(parts)
+
+    def _detail(self, unsplit: InfeasibleBudgetError, split: InfeasibleBudgetError, smallest: int | None) -> str:
+        text = (f"; unsplit (whole tensors): {_least(unsplit)}{unsplit.detail}; split finest "
+                f"({self._split_text()}): {_least(split)}")
+        if smallest is None:
+            return text
+        if smallest == self.split_smallest_bytes and smallest != self.unsplit_smallest_bytes:
+            return f"{text}; at a budget of {smallest} bytes the step is split by itself and fits"
+        return f"{text}; splitting does not lower the floor: raise the budget to {smallest} bytes"
+
+
+def _bytes_or_none(n: int | None) -> str:
+    return "no plan found" if n is None else f"{n} bytes"
+
+
+def _least(err: InfeasibleBudgetError) -> str:
+    """What a candidate's `InfeasibleBudgetError` says it needs, in a few words."""
+    text = (f"the least plan found needs {err.smallest_feasible_bytes} bytes" if err.smallest_feasible_bytes
+            is not None else "no plan found")
+    return text + (f", none fits below {err.lower_bound_bytes} bytes" if err.lower_bound_bytes is not None else "")
+
+
+def fallback_split(capture: Callable[[int, int], C], plan: Callable[[C, int], Plan],
+                   unsplit: C | None, unsplit_error: InfeasibleBudgetError, allocator: AllocatorModel | None,
+                   refused: type[Exception], heads: tuple[int, ...] = SPLIT_CHOICES,
+                   mlps: tuple[int, ...] = SPLIT_CHOICES) -> SplitChoice[C]:
+    """``split=None`` when the unsplit step (``unsplit``, its capture if at hand) raised
+    ``unsplit_error``: split the step the cheapest way that fits the same budget in bytes.
+
+    The finest split that can be made is probed first (max ``heads`` x max ``mlps``, then the
+    head alone, then the MLPs alone, as ``refused`` allows): splitting lowers the floor the most
+    there, so where it does not fit no coarser split is searched and `SplitInfeasibleError`
+    names both floors. Where it fits, `search_splits` picks the cheapest candidate that fits
+    (the unsplit plan and the probe are not planned again); the plan's message says that the
+    planner split the step and how to opt out (``split=1``)."""
+    budget_bytes = unsplit_error.budget_bytes
+    known: dict[Candidate, Tried] = {(1, 1): (unsplit, unsplit_error)}
+    finest = [(max(heads), max(mlps)), (max(heads), 1), (1, max(mlps))]
+    for chunks in dict.fromkeys(c for c in finest if c != (1, 1)):  # in order, without repeats
+        try:
+            captured = capture(*chunks)
+        except refused:
+            continue
+        try:
+            known[chunks] = (captured, plan(captured, budget_bytes))
+        except InfeasibleBudgetError as err:
+            raise SplitInfeasibleError(unsplit_error, chunks, err) from None
+        break
+    else:
+        raise SplitInfeasibleError(unsplit_error, None, None) from None
+    needs = unsplit_error.smallest_feasible_bytes
+    why = (f"no whole-tensor plan fits {budget_bytes} bytes"
+           + (f" (unsplit, the least plan needs {needs} bytes)" if needs is not None else "")
+           + ", so the planner split the step (split=1 never splits): ")
+    return search_splits(capture, plan, budget_bytes, heads, mlps, allocator, refused, known=known, why=why)
+
+
+def _chunks(n: int) -> str:
+    return f"{n} row chunk{'s' if n > 1 else ''}"
 
 
 def _recomputes_nothing(tried) -> bool:

@@ -317,3 +317,43 @@ def test_inductor_fits_the_chunk_count_split_auto_chose():
     (planned,) = backend.plans
     assert planned.splits.chunks[0] > 1 and "k=1: infeasible" in planned.plan.message
     assert planned.compiled_peak.predicted_peak_bytes <= planned.graph_budget_bytes
+
+
+def test_without_split_a_graph_no_whole_plan_fits_is_split_by_itself():
+    """``split`` left at None: at half the unsplit floor the partition finds no whole-tensor
+    plan, so the backend splits the graph (the finest split probed, then the cheapest that fits),
+    compiles it again, and says so; the step equals eager and runs at its predicted peak. With
+    ``split=1`` the same budget raises; far below, `SplitInfeasibleError` names both floors."""
+    from solvers.base import InfeasibleBudgetError
+    from solvers.planning.split_search import SplitInfeasibleError
+
+    model, inputs = _wide_vocab()
+    unsplit = remat_backend("100%", compiler="eager", solver="greedy")
+    _compiled_step(model, inputs, unsplit)
+    budget = peak_lower_bound(unsplit.plans[0].graph) // 2
+    torch._dynamo.reset()
+    backend = remat_backend(budget, compiler="eager", solver="greedy")
+    compiled = torch.compile(clone(model), backend=backend, dynamic=False)
+    out, grads = train_step(compiled, inputs)
+    expected_out, expected = train_step(clone(model), inputs)
+    assert _relative(out[0], expected_out[0]) <= TOLERANCE
+    assert max_relative_error({n.removeprefix("_orig_mod."): g for n, g in grads.items()}, expected) <= TOLERANCE
+    (planned,) = backend.plans
+    k, _ = planned.splits.chunks
+    assert k > 1 and "so the planner split the step" in planned.plan.message
+    assert "k=1: infeasible" in planned.plan.message
+    assert planned.plan.predicted_peak_bytes <= budget
+    with backend.meter.measuring() as measured:
+        train_step(compiled, inputs)
+    assert measured.peak_bytes <= budget
+    assert abs(measured.peak_bytes - planned.plan.predicted_peak_bytes) <= max(0.02 * budget, 4096)
+    for split, error in ((1, InfeasibleBudgetError), (None, SplitInfeasibleError)):
+        torch._dynamo.reset()
+        small = budget if split == 1 else budget // 4
+        compiled = torch.compile(clone(model), backend=remat_backend(small, compiler="eager", solver="greedy",
+                                                                     split=split), dynamic=False)
+        with pytest.raises(error) as info:
+            train_step(compiled, inputs)
+        assert not isinstance(info.value, BackendCompilerFailed)
+        assert isinstance(info.value, SplitInfeasibleError) == (split is None)
+    assert info.value.split_chunks == (8, 8) and "8 row chunks" in str(info.value)

@@ -35,6 +35,7 @@ from frontends.split.row_split import RowSplitError
 from optimizer.checkpointing import apply_checkpointing
 from optimizer.cli import main
 from solvers.base import InfeasibleBudgetError
+from solvers.planning.split_search import SplitInfeasibleError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,13 +132,13 @@ def wide():
     torch.set_num_threads(1)
     model, inputs = _gpt(_wide, mult=16)
     leanest, plans = {}, {}
-    for split in (None, 4):
+    for split in (1, 4):  # 1: never split (None would split where nothing fits)
         with pytest.raises(InfeasibleBudgetError) as err:
             apply_checkpointing(model, inputs, budget=1, split_mlp=split, compare=False, time_limit=2)
         leanest[split] = err.value.smallest_feasible_bytes
         assert not checkpointed_modules(model) and not split_modules(model)  # nothing applied
-    budgets = {"same": leanest[None], "between": (leanest[4] + leanest[None]) // 2}
-    for split, budget in ((None, "same"), (4, "same"), (4, "between")):
+    budgets = {"same": leanest[1], "between": (leanest[4] + leanest[1]) // 2}
+    for split, budget in ((1, "same"), (4, "same"), (4, "between")):
         plan = apply_checkpointing(model, inputs, budget=budgets[budget], split_mlp=split, compare=False,
                                    time_limit=2)
         plans[split, budget] = (plan, measured_peak(model, inputs))
@@ -147,7 +148,7 @@ def wide():
 
 def test_split_lowers_the_measured_peak_at_the_same_budget(wide):
     *_, plans = wide
-    (unsplit, unsplit_peak), (split, split_peak) = plans[None, "same"], plans[4, "same"]
+    (unsplit, unsplit_peak), (split, split_peak) = plans[1, "same"], plans[4, "same"]
     for plan, peak in ((unsplit, unsplit_peak), (split, split_peak)):
         assert plan.predicted_peak_bytes <= plan.budget_bytes
         assert peak == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
@@ -159,12 +160,37 @@ def test_split_reaches_budgets_the_unsplit_eager_plan_cannot(wide):
     """The leanest plan with the MLPs split is lower than without, and a budget between them
     plans, runs and peaks as predicted."""
     model, inputs, leanest, budgets, plans = wide
-    assert leanest[4] < 0.85 * leanest[None]
+    assert leanest[4] < 0.85 * leanest[1]
     with pytest.raises(InfeasibleBudgetError):
-        apply_checkpointing(model, inputs, budget=budgets["between"], compare=False, time_limit=2)
+        apply_checkpointing(model, inputs, budget=budgets["between"], split_mlp=1, compare=False, time_limit=2)
     plan, peak = plans[4, "between"]
     assert any(sp.checkpoint for sp in plan.splits)
     assert peak == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE) and peak <= budgets["between"]
+
+
+def test_without_split_mlp_the_mlps_are_split_where_no_whole_plan_fits(wide):
+    """``split_mlp`` left at None: where no plan with whole MLPs fits (the budget between the
+    two leanest plans), the planner splits the MLPs itself, says so, and the step peaks as
+    predicted with the unsplit model's float64 gradients. Below the split's leanest plan too,
+    `SplitInfeasibleError` names both floors."""
+    model, inputs, leanest, budgets, _ = wide
+    reference = copy.deepcopy(model)
+    plan = apply_checkpointing(model, inputs, budget=budgets["between"], compare=False, time_limit=2)
+    try:
+        assert plan.splits and all(sp.chunks > 1 for sp in plan.splits)
+        assert "no whole-tensor plan fits" in plan.plan.message and "split=1 never splits" in plan.plan.message
+        assert "split_mlp='auto' chose" in plan.plan.message
+        assert plan.predicted_peak_bytes <= budgets["between"]
+        peak = measured_peak(model, inputs)
+        assert peak == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE) and peak <= budgets["between"]
+        assert max_relative_error(_grads(model, inputs)[1], _grads(reference, inputs)[1]) < 1e-10
+    finally:
+        remove_checkpointing(model)
+    with pytest.raises(SplitInfeasibleError) as err:
+        apply_checkpointing(model, inputs, budget=leanest[4] // 2, compare=False, time_limit=2)
+    assert err.value.split_chunks == (1, 8) and err.value.unsplit_smallest_bytes == leanest[1]
+    assert err.value.smallest_feasible_bytes == err.value.split_smallest_bytes < leanest[1]
+    assert "the MLPs in 8 row chunks" in str(err.value) and not checkpointed_modules(model)
 
 
 # ------------------------------------------------------------------ plans as files, undo
