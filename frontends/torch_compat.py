@@ -166,6 +166,16 @@ def dynamo_explain() -> Any:
     return explain
 
 
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` runs torch.compile'd code: ``torch.compile(module)`` (an
+    ``OptimizedModule``) or ``module.compile()`` (``_compiled_call_impl``). Checked: 2.11.0,
+    2.13.0, 2.14.1."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return True
+    from torch._dynamo.eval_frame import OptimizedModule  # heavy: dynamo, imported only to recognize its module
+    return isinstance(module, OptimizedModule)
+
+
 def dynamo_config() -> Any:
     """dynamo's config module (``verbose``). Checked: 2.11.0, 2.13.0, 2.14.1."""
     from torch._dynamo import config  # heavy: dynamo, imported only when torch.compile runs

@@ -8,6 +8,9 @@ every torch optimizer does); each later one is measured on its own:
   storages resident before it (parameters, buffers, inputs and every optimizer state tensor,
   each storage once). AdamW's ``step`` counters are made by ``torch.tensor`` outside the
   dispatcher, so they are counted here as resident, not seen by the tracker.
+* CPU, a torch.compile'd module: the tracker's dispatch mode would make dynamo run the model
+  eagerly, so the CPU allocator's profiler events are read instead (`profile_allocations`), above
+  the same resident storages.
 * CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats`` (everything the process holds).
 
 The loop is the one the plan models: ``for each micro-batch: loss = module(...); loss.backward()``,
@@ -22,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from frontends.compile.compiled_memory import profile_allocations
 from frontends.measure.memory_tracker import track_live_memory
 from frontends.measure.step import forward_backward, unique_storage_bytes
-from frontends.torch_compat import tree_flatten
+from frontends.torch_compat import is_compiled, tree_flatten
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ def measure_training_loop(module: torch.nn.Module, inputs: tuple, kwargs: dict |
     kwargs = dict(kwargs or {})
     inputs = tuple(inputs)
     device = next((t.device for t in module.parameters()), torch.device("cpu"))
+    compiled = is_compiled(module)
     _iteration(module, inputs, kwargs, optimizer, grad_accumulation)
     peaks = []
     for _ in range(iterations - 1):
@@ -64,6 +69,10 @@ def measure_training_loop(module: torch.nn.Module, inputs: tuple, kwargs: dict |
             continue
         resident = unique_storage_bytes([*module.parameters(), *module.buffers(),
                                          *tree_flatten((inputs, kwargs))[0], *state_tensors(optimizer)])
+        if compiled:
+            profiled = profile_allocations(lambda: _iteration(module, inputs, kwargs, optimizer, grad_accumulation))
+            peaks.append(resident + profiled.peak_bytes)
+            continue
         with track_live_memory() as tracker:
             _iteration(module, inputs, kwargs, optimizer, grad_accumulation)
         peaks.append(resident + tracker.result.peak_bytes)

@@ -12,6 +12,7 @@ from e2e_helpers import load_example, max_relative_error, tiny_gpt2, tiny_llama
 
 from frontends.measure.loop import measure_training_loop
 from optimizer import apply_checkpointing, optimize, plan_only
+from optimizer.compile import remat_backend
 from optimizer.cli import main as cli_main
 from solvers.base import InfeasibleBudgetError
 from solvers.ir.plan_text import NOT_COUNTED
@@ -124,3 +125,29 @@ def test_the_cli_reports_the_iteration_and_measures_it(capsys):
     assert NOT_COUNTED in capsys.readouterr().out
     assert cli_main([example_path("gpt"), "--budget", "40%", "--optimizer", "adamw"]) == 5
     assert "the optimizer step alone peaks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("as_instance, k, budget", [(False, 1, "80%"), (True, 2, "90%")])
+def test_the_compile_backend_plans_the_iteration_and_the_compiled_loop_measures_it(as_instance, k, budget):
+    """``remat_backend(optimizer=..., grad_accumulation=k)``: each iteration of the compiled loop
+    (measured by the CPU allocator's profiler: a dispatch mode would make dynamo run eagerly)
+    peaks at the plan's prediction, to the byte, within the budget."""
+    torch._dynamo.reset()
+    model, inputs = load_example("gpt", torch.float32, dropout=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    backend = remat_backend(budget, compiler="eager", solver="greedy", optimizer=opt if as_instance else "adamw",
+                            grad_accumulation=k)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    measured = measure_training_loop(compiled, inputs, None, opt, grad_accumulation=k)
+    (planned,) = backend.plans
+    _check(planned.plan, measured)
+    assert measured.peak_bytes == planned.predicted_peak_bytes
+    assert planned.held_bytes == measured.optimizer_state_bytes + (k > 1) * planned.plan.breakdown.gradients_bytes
+    torch._dynamo.reset()
+
+
+def test_the_compile_backend_refuses_an_unknown_optimizer_and_the_inductor_fit_with_one():
+    with pytest.raises(ValueError, match="optimizer='lion'"):
+        remat_backend("80%", optimizer="lion")
+    with pytest.raises(ValueError, match="pass fit=None to plan the whole iteration"):
+        remat_backend("80%", compiler="inductor", fit="inductor", optimizer="adamw")
