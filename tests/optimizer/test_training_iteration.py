@@ -12,8 +12,8 @@ from e2e_helpers import load_example, max_relative_error, tiny_gpt2, tiny_llama
 
 from frontends.measure.loop import measure_training_loop
 from optimizer import apply_checkpointing, optimize, plan_only
-from optimizer.compile import remat_backend
 from optimizer.cli import main as cli_main
+from optimizer.compile import remat_backend
 from solvers.base import InfeasibleBudgetError
 from solvers.ir.plan_text import NOT_COUNTED
 
