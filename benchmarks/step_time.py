@@ -16,7 +16,11 @@ cannot be measured the way the others' is; `benchmarks/vs_pytorch.py` compares t
 partitioner's memory and FLOPs instead.
 
     python benchmarks/step_time.py [--models gpt2,llama,resnet] [--rounds 15] [--threads 1]
-        [--device cpu|cuda] [--size cpu|gpu] [--dtype float32|bfloat16] [--out FILE.md]
+        [--device cpu|cuda] [--size cpu|gpu] [--dtype float32|bfloat16] [--cost-model device]
+        [--out FILE.md]
+
+remat-opt's plans price time with ``--cost-model`` (default ``device``); each plan's
+``extra_time_s`` is shown beside the measured extra time (its median minus plain autograd's).
 
 On a lent GPU: ``python benchmarks/step_time.py --device cuda --size gpu --models gpt2,llama
 --rounds 10 --time-limit 30`` (issue 38's shapes).
@@ -81,6 +85,9 @@ class Strategy:
     module: torch.nn.Module
     predicted_peak: int | None = None
     budget_note: str = ""
+    predicted_extra_s: float | None = None
+    """The plan's ``extra_time_s``: what recomputation adds to plain autograd's step, priced by
+    the cost model (compared with the measured median minus plain autograd's)."""
     measured_peak: int = 0
     times: list[float] | None = None
 
@@ -155,7 +162,7 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _strategies(work: Workload, time_limit: float, log: Callable[[str], None]) -> list[Strategy]:
+def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callable[[str], None]) -> list[Strategy]:
     """Plain, per-block, SAC; then remat-opt at per-block's measured peak."""
     def fresh() -> torch.nn.Module:
         return copy.deepcopy(work.model)
@@ -167,22 +174,25 @@ def _strategies(work: Workload, time_limit: float, log: Callable[[str], None]) -
         s.measured_peak = _peak(s.module, work)
     budget = strategies[1].measured_peak
     start = time.perf_counter()
-    rm = optimize(fresh(), work.args, "100%", example_kwargs=work.kwargs, solver="store-all")
-    strategies.append(Strategy("remat-opt graph, store-all", rm, rm.plan.predicted_peak_bytes))
-    rm = optimize(fresh(), work.args, budget, example_kwargs=work.kwargs, time_limit=time_limit)
-    strategies.append(Strategy("remat-opt graph, at per-block's peak", rm, rm.plan.predicted_peak_bytes))
+    rm = optimize(fresh(), work.args, "100%", example_kwargs=work.kwargs, solver="store-all", cost_model=cost_model)
+    strategies.append(Strategy("remat-opt graph, store-all", rm, rm.plan.predicted_peak_bytes,
+                               predicted_extra_s=rm.plan.extra_time_s))
+    rm = optimize(fresh(), work.args, budget, example_kwargs=work.kwargs, time_limit=time_limit, cost_model=cost_model)
+    strategies.append(Strategy("remat-opt graph, at per-block's peak", rm, rm.plan.predicted_peak_bytes,
+                               predicted_extra_s=rm.plan.extra_time_s))
     log(f"{work.name}: graph runtime planned in {time.perf_counter() - start:.1f} s")
     eager = fresh()
     try:
-        plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False, time_limit=time_limit)
+        plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False, time_limit=time_limit,
+                                   cost_model=cost_model)
         note = ""
     except InfeasibleBudgetError as err:
         smallest = err.smallest_feasible_bytes or _smallest_eager(work, budget, time_limit)
         plan = apply_checkpointing(eager, work.args, work.kwargs, budget=smallest, compare=False,
-                                   time_limit=time_limit)
+                                   time_limit=time_limit, cost_model=cost_model)
         note = f"refused per-block's peak; at {smallest:,} B (+{smallest - budget:,})"
     strategies.append(Strategy("remat-opt eager runtime, at per-block's peak", eager,
-                               plan.predicted_peak_bytes, note))
+                               plan.predicted_peak_bytes, note, predicted_extra_s=plan.extra_time_s))
     for s in strategies[3:]:
         s.measured_peak = _peak(s.module, work)
     return strategies
@@ -235,8 +245,8 @@ def _step(module: torch.nn.Module, work: Workload, device: torch.device) -> floa
     return time.perf_counter() - start
 
 
-def run(work: Workload, rounds: int, time_limit: float, device: torch.device, log) -> list[str]:
-    strategies = _strategies(work, time_limit, log)
+def run(work: Workload, rounds: int, time_limit: float, device: torch.device, cost_model: str, log) -> list[str]:
+    strategies = _strategies(work, time_limit, cost_model, log)
     for s in strategies:
         _step(s.module, work, device)  # warm-up
         s.times = []
@@ -244,15 +254,18 @@ def run(work: Workload, rounds: int, time_limit: float, device: torch.device, lo
         for s in strategies:
             s.times.append(_step(s.module, work, device))
     reference = statistics.median(strategies[1].times)
+    plain = statistics.median(strategies[0].times)
     rows = [f"\n**{work.description}** (budget: per-block checkpointing's measured peak, "
             f"{strategies[1].measured_peak:,} B)\n",
-            "| strategy | measured peak (B) | predicted peak (B) | median step (ms) | vs per-block | note |",
-            "|---|---:|---:|---:|---:|---|"]
+            "| strategy | measured peak (B) | predicted peak (B) | median step (ms) | vs per-block "
+            f"| extra vs plain, measured (ms) | extra, predicted ({cost_model}, ms) | note |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for s in strategies:
         median = statistics.median(s.times)
         predicted = f"{s.predicted_peak:,}" if s.predicted_peak is not None else ""
+        extra = f"{(s.predicted_extra_s or 0.0) * 1e3:.1f}" if s.predicted_extra_s is not None else ""
         rows.append(f"| {s.label} | {s.measured_peak:,} | {predicted} | {median * 1e3:.1f} | "
-                    f"{median / reference:.3f}x | {s.budget_note} |")
+                    f"{median / reference:.3f}x | {(median - plain) * 1e3:+.1f} | {extra} | {s.budget_note} |")
     return rows
 
 
@@ -266,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="every model in this dtype (default: the size's own, see SHAPES)")
     parser.add_argument("--time-limit", type=float, default=20.0)
+    parser.add_argument("--cost-model", default="device",
+                        help="remat-opt's cost model (default device: time measured on this CPU or the "
+                             "GPU's datasheet roofline); its extra_time_s is shown beside the measured extra")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -278,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
              f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} thread(s), "
              f"device {device}, {args.rounds} interleaved rounds"]
     for work in workloads:
-        table = run(work, args.rounds, args.time_limit, device, lambda m: print(m, file=sys.stderr))
+        table = run(work, args.rounds, args.time_limit, device, args.cost_model, lambda m: print(m, file=sys.stderr))
         print("\n".join(table), file=sys.stderr)
         lines += table
     text = "\n".join(lines) + "\n"
