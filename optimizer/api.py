@@ -15,6 +15,7 @@ from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from optimizer.split_plan import check_split, chunks_of, falls_back, plan_with_split, split_when_infeasible
 from solvers.base import InfeasibleBudgetError
 from solvers.ir.budget import Budget
+from solvers.ir.link import offload_link_of
 from solvers.ir.plan import Plan
 from solvers.planning.planner import plan_for_schedule, plan_graph
 from solvers.planning.request import PlanRequest
@@ -105,7 +106,8 @@ def optimize(
                           **request.offload_settings)
 
     def reschedule(smaller: CapturedStep, planned: Plan, message: str) -> Plan:
-        return plan_for_schedule(smaller.graph, planned.schedule, planned.budget_bytes, planned, message=message)
+        return plan_for_schedule(smaller.graph, planned.schedule, planned.budget_bytes, planned, message=message,
+                                 link=offload_link_of(request.offload, request.link))
 
     shapes = ShapePolicy(static=static, on_larger=on_larger, recapture=None if static else recapture,
                          replan=replan, reschedule=reschedule)

@@ -46,6 +46,8 @@ class OffloadChoice:
     link: Link
     evaluations: int
     """Choices simulated to find this one."""
+    chosen_by: str = "local search"
+    """What made the choice (`solvers.offload_exact.best_offloads` names the exact model and its proof)."""
 
     @property
     def step_time_s(self) -> float:

@@ -14,11 +14,12 @@ from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import MinBudget, smallest_feasible_budget
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.graph import RematGraph
-from solvers.ir.link import Link, offload_link_of
+from solvers.ir.link import Link, get_link, offload_link_of
 from solvers.ir.plan import BudgetBreakdown, ModuleSummary, Plan
-from solvers.ir.schedule import Schedule
+from solvers.ir.schedule import Schedule, StepKind
 from solvers.ir.simulator import SimulationResult, simulate
-from solvers.offload import OffloadChoice, choose_offloads
+from solvers.offload import OffloadChoice
+from solvers.offload_exact import best_offloads
 from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 from solvers.remat_bound import base_cost_bound
 
@@ -57,8 +58,9 @@ def plan_graph(
 
     With ``offload="auto"`` (issue 39), saved values may also go to host memory and back over
     ``link`` (a `solvers.ir.link.Link` or preset name; default ``pcie5``), ``host_budget`` bytes of
-    pinned host memory at most (None: unlimited): `solvers.offload.choose_offloads` chooses keep,
-    recompute or offload per value, starting from the solver's recompute-only plan, and the plan
+    pinned host memory at most (None: unlimited): `solvers.offload_exact.best_offloads` chooses keep,
+    recompute or offload per value (a local search from the solver's recompute-only plan, proven
+    optimal by the exact model on graphs with few values to choose for), and the plan
     with the lower predicted step time (compute plus unhidden copy time) is returned. A budget no
     recompute-only schedule meets may still plan with offloads. The plan's bound is then the plain
     step's time (every op once, no stall), the floor of both kinds of plans.
@@ -82,7 +84,7 @@ def plan_graph(
             raise iteration_error(err, loop.held_bytes(graph)) from None
         result, infeasible = None, err
     if offload_link is not None:
-        choice = choose_offloads(graph, solver_budget, offload_link, host_budget_bytes=host_budget,
+        choice = best_offloads(graph, solver_budget, offload_link, host_budget_bytes=host_budget,
                                  seed=None if result is None else result.schedule,
                                  deadline=time.perf_counter() + options.time_limit_s)
         if _offload_wins(graph, choice, result):
@@ -137,7 +139,8 @@ def _offload_plan(graph: RematGraph, budget_bytes: int, solver: str, store_all: 
         beside = f"no recompute-only schedule of {solver} fits"
     else:
         beside = f"{solver}'s recompute-only plan takes {simulate(graph, solved.schedule).total_cost:.4g} s"
-    message = (f"keep / recompute / offload chosen over {choice.evaluations} simulated choices: the step takes "
+    message = (f"keep / recompute / offload chosen by {choice.chosen_by} over {choice.evaluations} simulated "
+               f"choices: the step takes "
                f"{objective:.4g} s with {len(sim.offloaded)} values offloaded ({beside})")
     return _plan(graph, budget_bytes, f"{solver}+offload", "optimal" if gap <= 1e-9 else "feasible", store_all,
                  sim, choice.schedule, allocator, graph_nodes, bound=bound, gap=gap, solve_time_s=solve_time_s,
@@ -145,25 +148,39 @@ def _offload_plan(graph: RematGraph, budget_bytes: int, solver: str, store_all: 
 
 
 def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
-                      allocator: AllocatorModel | None = None, message: str = "") -> Plan:
+                      allocator: AllocatorModel | None = None, message: str = "",
+                      link: Link | str | None = None) -> Plan:
     """The plan ``like``'s schedule makes on ``graph``: the same step at other input sizes
-    (see `frontends.graph_runtime.shape_variants`). Simulated here, not solved: no bound or gap of its own."""
+    (see `frontends.graph_runtime.shape_variants`). Simulated here, not solved: no bound or gap of its own.
+    ``link`` prices the copies of an offloaded plan (the one it was planned on)."""
     return plan_from_schedule(graph, schedule, budget_bytes, solver=like.solver, status=like.status,
-                              allocator=allocator, graph_nodes=like.graph_nodes, message=message)
+                              allocator=allocator, graph_nodes=like.graph_nodes, message=message, link=link)
 
 
 def plan_from_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, *, solver: str,
                        status: str, allocator: AllocatorModel | None = None, graph_nodes: int = 0,
-                       message: str = "") -> Plan:
+                       message: str = "", link: Link | str | None = None) -> Plan:
     """The plan a schedule made elsewhere (another strategy, another size) makes on ``graph``,
-    ``solver`` naming where it came from. Simulated here, not solved: no bound or gap."""
+    ``solver`` naming where it came from. Simulated here, not solved: no bound or gap.
+
+    A compute-only schedule gets its frees re-derived (`Schedule.from_computes`: a schedule from
+    elsewhere may free in another order than the rewritten module does). A schedule with offload
+    and reload steps runs as it is, priced on ``link``: its frees wait for the copies, so where
+    they stand is what the offload placement chose, and memory is exact by position, so the same
+    steps on smaller values peak no higher."""
     allocator = allocator or AllocatorModel(block_bytes=1)
     graph = allocator.apply(graph)
     store_all = simulate(graph, store_all_schedule(graph))
-    schedule = Schedule.from_computes(graph, schedule.computes("forward"), schedule.computes("backward"))
-    sim = simulate(graph, schedule)
+    copies = any(step.kind in (StepKind.OFFLOAD, StepKind.RELOAD) for step in schedule.steps)
+    if copies and link is None:
+        raise ValueError(f"the schedule from {solver} offloads values: pass the link its copies were "
+                         "planned on (link=, a solvers.ir.link.Link or preset name)")
+    priced_on = get_link(link) if copies and link is not None else None
+    if priced_on is None:
+        schedule = Schedule.from_computes(graph, schedule.computes("forward"), schedule.computes("backward"))
+    sim = simulate(graph, schedule, link=priced_on)
     return _plan(graph, budget_bytes, solver, status, store_all, sim, schedule, allocator,
-                 graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message)
+                 graph_nodes, bound=None, gap=None, solve_time_s=0.0, message=message, link=priced_on)
 
 
 def _plan(graph: RematGraph, budget_bytes: int, solver: str, status: str, store_all: SimulationResult,
