@@ -93,8 +93,16 @@ def _policies(solution: EagerSolution, graph, trace: EagerTrace,
 
 
 EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp",
-                  "optimizer", "grad_accumulation")
-"""The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's)."""
+                  "optimizer", "grad_accumulation", "offload", "link", "host_budget")
+"""The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's);
+``offload`` only as False (see `EAGER_OFFLOAD_REFUSED`)."""
+EAGER_OFFLOAD_REFUSED = (
+    "apply_checkpointing plans recomputation only: its region planner does not choose offloads, and a plan that "
+    "offloads would run without a prediction to check it against. offload='auto' is planned by optimize(model, "
+    "inputs, budget, offload='auto') (the graph runtime) and torch.compile(model, backend=remat_backend(budget, "
+    "compiler='eager', offload='auto')); to send chosen modules' saved activations to host by hand, call "
+    "frontends.eager_runtime.eager_offload.apply_offloading(model, paths) (unplanned: its memory is not predicted)")
+"""Why ``apply_checkpointing(offload="auto")`` is refused."""
 
 
 def apply_checkpointing(
@@ -127,13 +135,16 @@ def apply_checkpointing(
     m = 8 is planned, and where it fits m = 2, 4, 8, and the cheapest plan that fits is applied,
     its message saying so (`solvers.planning.split_search.fallback_split`); where m = 8 does not
     fit either, `SplitInfeasibleError` (an `InfeasibleBudgetError`) names both floors.
-    ``split_mlp=1`` never splits.
+    ``split_mlp=1`` never splits. ``offload="auto"`` is refused (`EAGER_OFFLOAD_REFUSED`): the
+    eager planner keeps or recomputes; optimize() and remat_backend plan offloads.
     """
     if settings.get("solver", "auto") not in ("auto", "eager"):
         raise ValueError(f"apply_checkpointing plans with solver='auto'; got {settings['solver']!r} (the graph "
                          "runtime's solvers are for optimize())")
     settings.pop("solver", None)
     request = PlanRequest.of(budget, "apply_checkpointing", EAGER_SETTINGS, **settings)
+    if request.offload is not False:
+        raise ValueError(EAGER_OFFLOAD_REFUSED)
     if checkpointed_modules(model) or split_modules(model):
         raise ValueError("the model is already checkpointed: call remove_checkpointing(model) first")
     if request.split not in (None, 1):

@@ -27,7 +27,8 @@ def remat_backend(budget: PlanRequest | Budget | int | str, *, compiler: str = "
     gradients, inputs, activations), or a percentage, which applies to each graph's own
     plain-autograd peak. ``settings``: `COMPILE_SETTINGS` (``solver``, ``time_limit``,
     ``threads``, ``verbose``, ``milp_engine``, ``cost_model``, ``allocator``, ``split``,
-    ``split_mlp``, ``optimizer``, ``grad_accumulation``), as `optimize` takes them. ``optimizer``
+    ``split_mlp``, ``optimizer``, ``grad_accumulation``, ``offload``, ``link``, ``host_budget``), as
+    `optimize` takes them. ``optimizer``
     (an instance, or a description such as ``"adamw"``, counted over the parameters the graphs
     read) and ``grad_accumulation=k`` put the optimizer's state, its step and gradients kept
     across micro-batches in each graph's budget (``backend.plans[i].plan.breakdown``); not with
@@ -49,6 +50,11 @@ def remat_backend(budget: PlanRequest | Budget | int | str, *, compiler: str = "
     the plan's message names the choice. With ``split`` and ``split_mlp`` left at None, a graph
     for which no whole-tensor plan fits is split as ``optimize`` splits it (finest split, then
     ``"auto"``), and its plan's message says so; ``split=1`` never splits.
+    ``offload="auto"`` (with ``link`` and ``host_budget`` as in `optimize`): each graph's plan may
+    copy saved values to host after forward and back before backward reads them; the copies run
+    in the fx graphs, so ``compiler="auto"`` then means ``eager`` and ``compiler="inductor"`` is
+    refused (Inductor compiles torch ops only; torch's own offload pass uses custom ops that need
+    an accelerator stream). ``backend.meter`` counts host copies apart (``host_peak_bytes``).
     """
     request = PlanRequest.of(budget, "remat_backend", COMPILE_SETTINGS, **settings)
     return RematBackend(CompileSettings.of(request, compiler=compiler, fullgraph=fullgraph, fit=fit,

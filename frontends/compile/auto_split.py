@@ -123,7 +123,8 @@ def _candidates(gm: torch.fx.GraphModule, example_inputs: list, name: str, frame
 
     def plan(candidate: JointCandidate, budget_bytes: int) -> Plan:
         return plan_graph(candidate.graph, budget_bytes, request.solver, request.solver_options,
-                          graph_nodes=candidate.graph_nodes, allocator=request.allocator)
+                          graph_nodes=candidate.graph_nodes, allocator=request.allocator,
+                          **request.offload_settings)
 
     return capture, plan
 

@@ -20,8 +20,14 @@ from solvers.planning.request import PlanRequest
 
 COMPILERS = ("auto", "inductor", "eager")
 COMPILE_SETTINGS = ("solver", "time_limit", "threads", "verbose", "milp_engine", "cost_model", "allocator",
-                    "split", "split_mlp", "optimizer", "grad_accumulation")
+                    "split", "split_mlp", "optimizer", "grad_accumulation", "offload", "link", "host_budget")
 """The `PlanRequest` settings the compile backend honours (capture settings are dynamo's)."""
+OFFLOAD_NEEDS_EAGER = (
+    "offload='auto' runs its copies as Python functions in the fx graphs (side CUDA streams and events, "
+    "frontends.graph_runtime.offload_ops), which Inductor cannot compile, and Inductor's buffer plan would not "
+    "count the host copies: pass compiler='eager' (or 'auto', which picks it for offload), or offload=False "
+    "to compile with Inductor")
+"""Why ``compiler="inductor"`` refuses offload (see `remat_backend`)."""
 
 
 def inductor_available() -> bool:
@@ -65,6 +71,10 @@ class CompileSettings:
                              "'roofline:<device>' with torch.compile")
         check_cost_model_name(request.cost_model)
         check_optimizer(request.optimizer)
+        if request.offload is not False:
+            if compiler == "inductor":
+                raise ValueError(OFFLOAD_NEEDS_EAGER)
+            compiler = "eager"  # "auto": the one compiler that runs the copies
         if compiler == "auto":
             compiler = "inductor" if inductor_available() else "eager"
         if fit is not None:

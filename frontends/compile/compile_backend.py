@@ -30,6 +30,12 @@ graph whose partition finds no whole-tensor plan is split and compiled again
 ``backend.plans``. An error of remat-opt's
 (a budget too small, a graph break under ``fullgraph``) reaches the caller as itself, not wrapped
 in dynamo's ``BackendCompilerFailed`` (`frontends.compile.compile_errors`).
+
+``offload="auto"`` plans keep / recompute / offload per saved value (`plan_graph`) and the
+rewrite puts the copies into the forward and backward graphs (`frontends.graph_runtime.offload_ops`:
+Python functions on side CUDA streams, host copies on the CPU); only the eager compiler runs them
+(Inductor lowers OpOverloads only; see `backend_settings.OFFLOAD_NEEDS_EAGER`). The meter counts
+the host copies apart from device bytes (`CompiledStepMeasurement.host_peak_bytes`).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import torch
 
 from frontends.capture.step import CapturedStep
 from frontends.compile.auto_split import choose_split, split_when_infeasible
-from frontends.compile.backend_settings import CompileSettings
+from frontends.compile.backend_settings import OFFLOAD_NEEDS_EAGER, CompileSettings
 from frontends.compile.compile_errors import own_error_to_raise, planning_errors
 from frontends.compile.compile_split import GraphSplits, split_compiled_graph
 from frontends.compile.compiled_memory import CompiledStepMeter
@@ -260,6 +266,7 @@ class RematBackend:
 
     def _eager(self, role: str):
         def compiler(gm: torch.fx.GraphModule, example_inputs) -> Any:
+            self.meter.keep_host_copies_apart(gm)
             return self.meter.wrap(boxed(gm), role)
         return compiler
 
@@ -356,6 +363,8 @@ class RematBackend:
         if self.settings.heads != (1,) or self.settings.mlps != (1,):
             raise ValueError("split and split_mlp rewrite the forward before AOTAutograd traces it, which "
                              "only the backend itself sees: use torch.compile(model, backend=backend)")
+        if self.request.offload is not False:
+            raise ValueError(OFFLOAD_NEEDS_EAGER)
         return RematPartitioner(self)
 
     # ------------------------------------------------------------------ reports

@@ -10,7 +10,11 @@ so activations that forward saves stay counted until backward frees them.
 Bytes created between the compiled calls (the output gradients that autograd and AOTAutograd's
 runtime create before backward) are counted when backward receives them. Parameters, buffers and
 user inputs (what the forward receives from outside, before any graph ran) are resident and left
-to the caller, as in `frontends.measure.step`. This measures what an fx graph allocates through the
+to the caller, as in `frontends.measure.step`. Host copies of an offload plan
+(`frontends.graph_runtime.offload_ops.offload_to_host`, made by the graphs that
+`keep_host_copies_apart` marks) are counted in a ledger of their own, not as device bytes: the
+plan's peak is the device's, and on the CPU the "host" is the same memory, so only the op that
+makes a copy tells it apart. This measures what an fx graph allocates through the
 dispatcher: the eager compiler. Inductor's CPU code allocates its buffers below the dispatcher
 (and reuses them), so with Inductor use `torch.profiler`'s memory events (`profiled_peak`),
 which see every CPU allocation.
@@ -19,6 +23,7 @@ which see every CPU allocation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -26,12 +31,15 @@ from typing import Any
 
 import torch
 
+from frontends.graph_runtime.offload_ops import offload_to_host
 from frontends.measure.memory_tracker import (
     MemoryMeasurement,
     _StorageLedger,
+    _storages,
     _StorageTrackingMode,
     _tensor_storages,
 )
+from frontends.torch_compat import _disable_current_modes
 
 
 @dataclass
@@ -39,6 +47,8 @@ class _OpenMeasurement:
     ledger: _StorageLedger
     resident: dict[int, torch.UntypedStorage]
     result: MemoryMeasurement | None = None
+    host: _StorageLedger = dataclasses.field(default_factory=_StorageLedger)
+    """Host copies made by offloads (never device bytes, whatever device the graphs run on)."""
 
 
 class CompiledStepMeter:
@@ -58,15 +68,35 @@ class CompiledStepMeter:
             storages = _tensor_storages(list(args))
             if role == "forward":  # untracked forward inputs existed before: resident
                 measurement.ledger.settle()
-                measurement.resident.update({id(s): s for s in storages if not _tracked(measurement, s)})
-            else:  # count what arrived from outside the graphs (output gradients)
-                measurement.ledger.record(storages, partial(lambda r: list(r.values()), measurement.resident))
+                measurement.resident.update({id(s): s for s in storages if not _tracked(measurement.ledger, s)})
+            else:  # count what arrived from outside the graphs (output gradients), not the host copies
+                arrived = [s for s in storages if not _tracked(measurement.host, s)]
+                measurement.ledger.record(arrived, partial(lambda r: list(r.values()), measurement.resident))
+                del arrived
             del storages  # holding them would keep saved activations alive through backward
             with _StorageTrackingMode(measurement.ledger):
                 return compiled(args)
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+    def keep_host_copies_apart(self, gm: torch.fx.GraphModule) -> None:
+        """Count the host copies ``gm`` makes (its `offload_to_host` nodes) as host memory: the
+        nodes call `_offload_to_host`, which is `offload_to_host` when no measurement is open."""
+        nodes = gm.graph.find_nodes(op="call_function", target=offload_to_host)
+        for node in nodes:
+            node.target = self._offload_to_host
+        if nodes:
+            gm.recompile()
+
+    def _offload_to_host(self, value: torch.Tensor) -> torch.Tensor:
+        measurement = self._open
+        if measurement is None:
+            return offload_to_host(value)
+        with _disable_current_modes():  # the device ledger's mode must not see the host allocation
+            host = offload_to_host(value)
+        measurement.host.record(_storages(host), list)
+        return host
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[CompiledStepMeasurement]:
@@ -82,10 +112,11 @@ class CompiledStepMeter:
             handle.result = MemoryMeasurement(peak_bytes=opened.ledger.peak_bytes,
                                               final_live_bytes=opened.ledger.settle())
             handle.resident_bytes = sum(s.nbytes() for s in opened.resident.values())
+            handle.host_peak_bytes = opened.host.peak_bytes
 
 
-def _tracked(measurement: _OpenMeasurement, storage: torch.UntypedStorage) -> bool:
-    entry = measurement.ledger._entries.get(id(storage))
+def _tracked(ledger: _StorageLedger, storage: torch.UntypedStorage) -> bool:
+    entry = ledger._entries.get(id(storage))
     return entry is not None and entry[0]() is storage
 
 
@@ -95,6 +126,8 @@ class CompiledStepMeasurement:
     result: MemoryMeasurement | None = None
     resident_bytes: int = 0
     """Bytes of the storages the first compiled call received (parameters, buffers, inputs)."""
+    host_peak_bytes: int = 0
+    """Most bytes of offloaded values' host copies alive at once (0: the plan offloads nothing)."""
 
     @property
     def peak_bytes(self) -> int:

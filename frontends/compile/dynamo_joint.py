@@ -26,6 +26,7 @@ from frontends.torch_compat import aot_descriptors as aot_desc
 from frontends.torch_compat import functorch_config, fx_graph_cse
 from solvers.ir.graph import NodeKind, Phase, RematGraph
 from solvers.ir.plan import Plan
+from solvers.ir.simulator import simulate
 from solvers.planning.graph_budget import GraphFootprint
 
 
@@ -61,7 +62,8 @@ def forward_ops_first(graph: RematGraph) -> RematGraph:
 def graph_footprint(graph: RematGraph, plan: Plan, gm: torch.fx.GraphModule, value_of: dict[str, str],
                static: list[int]) -> GraphFootprint:
     """The graph's terms in the step's budget split. Only parameter gradients outlive the graph's
-    backward; the gradients of its inputs are the earlier graph's output gradients (counted there)."""
+    backward; the gradients of its inputs are the earlier graph's output gradients (counted there).
+    Saved values an offload plan keeps on host hold no device bytes while later graphs run."""
     output = gm.graph.find_nodes(op="output")[0]
     param_grads = {
         value_of[out.name] for out, desc in zip(output.args[0], output.meta.get("desc") or [])
@@ -69,7 +71,11 @@ def graph_footprint(graph: RematGraph, plan: Plan, gm: torch.fx.GraphModule, val
         and isinstance(desc, aot_desc.GradAOTOutput)
         and getattr(desc.grad_of, "idx", None) in set(static)
     }
-    saved = sum(graph[name].bytes for name in plan.saved)
+    on_host: set[str] = set()
+    if plan.offloaded and plan.schedule is not None:  # saved on host: no device bytes across later graphs
+        # which values forward leaves on host does not depend on the link's speed: any preset walks it
+        on_host = set(simulate(graph, plan.schedule, link="pcie5").saved_on_host)
+    saved = sum(graph[name].bytes for name in plan.saved if name not in on_host)
     return GraphFootprint(peak_bytes=plan.predicted_peak_bytes, parameters_bytes=graph.parameter_bytes,
                           saved_bytes=saved, gradients_bytes=sum(graph[v].bytes for v in param_grads),
                           inputs_bytes=graph.input_bytes)

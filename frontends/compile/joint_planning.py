@@ -67,7 +67,8 @@ def plan_joint(settings: CompileSettings, captured: CapturedStep, graph: RematGr
 
     def plan_at(planning_budget: int | str) -> Plan:
         return plan_graph(graph, planning_budget, request.solver, request.solver_options,
-                          graph_nodes=graph_nodes, allocator=request.allocator, loop=loop)
+                          graph_nodes=graph_nodes, allocator=request.allocator, loop=loop,
+                          **request.offload_settings)
 
     torch_graphs: list[tuple[Plan, tuple]] = []  # seeds that are torch's partitions unchanged
 
