@@ -23,11 +23,31 @@ difference between the rank's resident terms and the single-process ones the gra
   ranks with `frontends.measure.resize_tracker` (FSDP2 grows and frees its unsharded parameters with
   ``storage.resize_``, which a dispatch-mode tracker does not see): see tests/frontends/distributed/test_distributed.py.
 
+With a `TrainingLoop` (an optimizer, gradient accumulation: `solvers.planning.training_loop`) the
+budget is the rank's whole iteration (`rank_loop_terms`):
+
+* **DDP**: every rank runs the optimizer on its full replica: the full state, and the step's
+  temporaries on full gradients, beside the buckets. Accumulation holds full gradients through
+  the later micro-batches, with ``no_sync()`` or without (``param.grad`` accumulates either way).
+* **FSDP2**: the optimizer sees the DTensor shards, so its state is that of 1/N of each
+  parameter (measured over the shards' shapes: `frontends.distributed.rank_loop`), and the step
+  runs after backward on the parameter and gradient shards alone (the unsharded parameters and
+  full gradients are gone). Accumulation holds the gradient shards (FSDP2 reduce-scatters every
+  micro-batch and adds into ``sharded_param.grad``), or, with ``set_requires_gradient_sync(False)``
+  on all micro-batches but the last (``no_sync=True``), full unsharded gradients (FSDP2 keeps
+  ``unsharded_param.grad`` across them and reduce-scatters the sum in the last).
+
+Measured on two gloo ranks, examples/gpt.py, three AdamW iterations (tests/frontends/distributed/
+test_distributed_optimizer.py): each rank's forward+backward peak equals the prediction to the
+byte for DDP (k=1; k=2 with ``no_sync``) and FSDP2 (k=1; k=2 with and without ``no_sync``); the step's peak is
+predicted with the outputs of the last micro-batch still held, as the single-process loop is.
+
 Imports no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -39,6 +59,7 @@ from solvers.ir.graph import RematGraph
 from solvers.ir.plan import Plan
 from solvers.ir.simulator import simulate
 from solvers.planning.planner import plan_graph
+from solvers.planning.training_loop import TrainingLoop
 
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
 """``DistributedDataParallel(bucket_cap_mb=25)``: torch reads the cap as MiB."""
@@ -64,6 +85,9 @@ class DataParallelConfig:
     gradient_as_bucket_view: bool = False
     """DDP: gradients are views into the buckets (no second copy of the gradients)."""
     bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
+    no_sync: bool = False
+    """Gradient accumulation reduces only the last micro-batch (DDP's ``no_sync()``, FSDP2's
+    ``set_requires_gradient_sync(False)``): FSDP2 then accumulates full, unsharded gradients."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.strategy, Strategy):
@@ -101,10 +125,20 @@ class RankBreakdown:
     inputs_bytes: int
     activations_bytes: int
     """What is left of the budget for activations (may be negative)."""
+    optimizer: str = "not counted"
+    """The optimizer whose state this rank holds (measured over what the rank's optimizer sees)."""
+    optimizer_bytes: int = 0
+    """Its state on this rank (FSDP: of the shards; DDP: of the full replica)."""
+    optimizer_step_bytes: int = 0
+    """What its step allocates and frees on this rank."""
+    grad_accumulation: int = 1
+    accumulated_gradients_bytes: int = 0
+    """Gradients held through the later micro-batches (FSDP: shards, or full with ``no_sync``)."""
 
     @property
     def fixed_bytes(self) -> int:
-        return self.parameters_bytes + self.gradients_bytes + self.communication_bytes + self.inputs_bytes
+        return (self.parameters_bytes + self.gradients_bytes + self.communication_bytes + self.inputs_bytes
+                + self.optimizer_bytes + self.accumulated_gradients_bytes)
 
 
 def _shard(n_bytes: int, world_size: int) -> int:
@@ -115,8 +149,10 @@ def _fsdp_units(graph: RematGraph, config: DataParallelConfig) -> tuple[int, ...
     return config.unit_bytes or (graph.gradient_bytes,)
 
 
-def rank_breakdown(graph: RematGraph, budget_bytes: int, config: DataParallelConfig) -> RankBreakdown:
-    """The per-rank terms for ``graph``'s parameters and gradients under ``config``."""
+def rank_breakdown(graph: RematGraph, budget_bytes: int, config: DataParallelConfig,
+                   loop: TrainingLoop | None = None) -> RankBreakdown:
+    """The per-rank terms for ``graph``'s parameters and gradients under ``config``, and
+    ``loop``'s optimizer state and accumulated gradients (`rank_loop_terms`)."""
     params, grads = graph.parameter_bytes, graph.gradient_bytes
     if config.strategy is Strategy.FSDP:
         units = _fsdp_units(graph, config)
@@ -131,13 +167,59 @@ def rank_breakdown(graph: RematGraph, budget_bytes: int, config: DataParallelCon
         communication = 0 if config.gradient_as_bucket_view else grads
     else:
         resident_params, resident_grads, communication = params, grads, 0
-    fixed = resident_params + resident_grads + communication + graph.input_bytes
+    terms = rank_loop_terms(graph, config, loop or TrainingLoop())
+    opt = terms.loop.optimizer
+    fixed = (resident_params + resident_grads + communication + graph.input_bytes + terms.held_bytes)
     return RankBreakdown(
         budget_bytes=budget_bytes, world_size=config.world_size, strategy=config.strategy.value,
         parameters_bytes=resident_params, gradients_bytes=resident_grads,
         communication_bytes=communication, inputs_bytes=graph.input_bytes,
-        activations_bytes=budget_bytes - fixed,
+        activations_bytes=budget_bytes - fixed, optimizer=opt.name if opt else "not counted",
+        optimizer_bytes=opt.state_bytes if opt else 0, optimizer_step_bytes=opt.step_bytes if opt else 0,
+        grad_accumulation=terms.loop.grad_accumulation, accumulated_gradients_bytes=terms.accumulated_bytes,
     )
+
+
+@dataclass(frozen=True)
+class RankLoopTerms:
+    """What a rank's training loop adds to the captured step (`solvers.planning.training_loop`)."""
+
+    loop: TrainingLoop
+    """The loop, its optimizer measured over what this rank's optimizer sees."""
+    accumulated_bytes: int
+    """Gradients held through every phase of the later micro-batches (0 without accumulation)."""
+    step_offset: int
+    """What the strategy adds to the single-process state at the optimizer step: DDP's buckets;
+    FSDP's shards of parameters and gradients in place of the full ones (negative)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """Held beside every phase of the worst micro-batch: optimizer state, accumulated gradients."""
+        return (self.loop.optimizer.state_bytes if self.loop.optimizer else 0) + self.accumulated_bytes
+
+    def step_peak(self, graph: RematGraph, end_bytes: int) -> int:
+        """The optimizer step's peak on the rank, from the plan's live bytes when backward ends
+        (one process's accounting); 0 without an optimizer."""
+        if self.loop.optimizer is None:
+            return 0
+        return self.loop.step_peak_bytes(end_bytes, graph) + self.step_offset
+
+
+def rank_loop_terms(graph: RematGraph, config: DataParallelConfig, loop: TrainingLoop) -> RankLoopTerms:
+    """``loop`` on a rank under ``config``: accumulated gradients (FSDP: shards, or full with
+    ``no_sync``; DDP: full) and the step's offset (see the module docstring)."""
+    grads = graph.gradient_bytes
+    accumulated = 0
+    if loop.grad_accumulation > 1:
+        sharded = config.strategy is Strategy.FSDP and not config.no_sync
+        accumulated = _shard(grads, config.world_size) if sharded else grads
+    if config.strategy is Strategy.FSDP:  # parameters and gradients both as shards at the step
+        step_offset = 2 * (_shard(grads, config.world_size) - grads)
+    elif config.strategy is Strategy.DDP:
+        step_offset = 0 if config.gradient_as_bucket_view else grads
+    else:
+        step_offset = 0
+    return RankLoopTerms(loop=loop, accumulated_bytes=accumulated, step_offset=step_offset)
 
 
 @dataclass(frozen=True)
@@ -227,33 +309,59 @@ class RankPlan:
     """A plan for one rank: the graph's plan, and the rank's view of it."""
 
     plan: Plan
+    """The captured step's plan (its budget and peaks are one process's; with a loop, its
+    breakdown's optimizer and iteration fields are this rank's)."""
     breakdown: RankBreakdown
     predicted_rank_peak_bytes: int
-    """The largest of the plan's phase peaks moved by the rank's offsets (`rank_offsets`)."""
+    """The largest of the plan's phase peaks moved by the rank's offsets (`rank_offsets`) and
+    what the loop holds, and the optimizer step's peak on the rank."""
     graph_budget_bytes: int
     """The single-process budget the graph was planned for."""
     phase_peaks: PhasePeaks | None = None
     """The plan's forward, backward and end-of-backward live bytes (one process)."""
     offsets: RankOffsets | None = None
     """What the strategy adds to each phase on a rank."""
+    held_bytes: int = 0
+    """What the loop holds beside every phase (optimizer state, accumulated gradients)."""
+    step_peak_bytes: int = 0
+    """The optimizer step's peak on the rank (0: no optimizer counted)."""
+
+
+def rank_peak(graph: RematGraph, schedule, config: DataParallelConfig, loop: TrainingLoop | None = None) -> int:
+    """The rank's predicted iteration peak for ``schedule`` under ``config`` and ``loop``."""
+    terms = rank_loop_terms(graph, config, loop or TrainingLoop())
+    peaks = phase_peaks(graph, schedule)
+    return max(rank_offsets(graph, config).rank_peak(peaks) + terms.held_bytes,
+               terms.step_peak(graph, peaks.end_bytes))
 
 
 def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConfig,
                   solver: str = "auto", options: SolverOptions | None = None,
-                  allocator: AllocatorModel | None = None, graph_nodes: int = 0) -> RankPlan:
+                  allocator: AllocatorModel | None = None, graph_nodes: int = 0,
+                  loop: TrainingLoop | None = None) -> RankPlan:
     """Plan ``graph`` so that one rank under ``config`` peaks within ``budget`` (bytes, a size,
-    or a percentage of the rank's plain-autograd peak)."""
+    or a percentage of the rank's plain-autograd peak). With ``loop`` (its optimizer measured
+    over what the rank's optimizer sees: `frontends.distributed.rank_loop`), the budget is the
+    rank's whole training iteration (`rank_loop_terms`)."""
     offsets = rank_offsets(graph, config)
-    store_all = offsets.rank_peak(phase_peaks(graph, store_all_schedule(graph)))
+    terms = rank_loop_terms(graph, config, loop or TrainingLoop())
+    held = terms.held_bytes
+    store_all_peaks = phase_peaks(graph, store_all_schedule(graph))
+    store_all_step = terms.step_peak(graph, store_all_peaks.end_bytes)
+    store_all = max(offsets.rank_peak(store_all_peaks) + held, store_all_step)
     budget_bytes = resolve_budget(budget, store_all)
-    breakdown = rank_breakdown(graph, budget_bytes, config)
+    breakdown = rank_breakdown(graph, budget_bytes, config, terms.loop)
+    where = f"{config.strategy.value} on {config.world_size} ranks"
+    if store_all_step > budget_bytes:  # the step's peak hardly depends on the schedule
+        raise InfeasibleBudgetError(budget_bytes, None, f": the optimizer step alone peaks at {store_all_step} "
+                                    f"bytes per rank ({where}: parameters, gradients, optimizer state and "
+                                    "the step's temporaries)", lower_bound_bytes=store_all_step)
     # The offsets differ by phase: plan for the smallest, then lower the graph's budget by what
     # the rank overshoots in another phase (a forward peak under FSDP's gather buffer).
-    graph_budget = budget_bytes - min(offsets.forward, offsets.backward, offsets.end)
+    graph_budget = budget_bytes - min(offsets.forward, offsets.backward, offsets.end) - held
     for _ in range(_REPLANS):
         if graph_budget <= graph.resident_bytes:
-            raise InfeasibleBudgetError(budget_bytes, None, f" ({config.strategy.value} on "
-                                        f"{config.world_size} ranks keeps {breakdown.fixed_bytes} "
+            raise InfeasibleBudgetError(budget_bytes, None, f" ({where} keeps {breakdown.fixed_bytes} "
                                         "bytes resident)")
         try:
             plan = plan_graph(graph, graph_budget, solver, options or SolverOptions(),
@@ -261,16 +369,29 @@ def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConf
         except InfeasibleBudgetError as err:
             smallest = (None if err.smallest_feasible_bytes is None
                         else err.smallest_feasible_bytes + budget_bytes - graph_budget)
-            raise InfeasibleBudgetError(budget_bytes, smallest, f" per rank ({config.strategy.value}, "
-                                        f"{config.world_size} ranks)") from None
+            raise InfeasibleBudgetError(budget_bytes, smallest, f" per rank ({where})") from None
         peaks = phase_peaks(graph, plan.schedule)
-        rank_peak = offsets.rank_peak(peaks)
-        if rank_peak <= budget_bytes:
-            return RankPlan(plan=plan, breakdown=breakdown, graph_budget_bytes=graph_budget,
-                            predicted_rank_peak_bytes=rank_peak, phase_peaks=peaks, offsets=offsets)
-        graph_budget -= rank_peak - budget_bytes
-    raise InfeasibleBudgetError(budget_bytes, None, f" per rank ({config.strategy.value}, "
-                                f"{config.world_size} ranks): no plan found after {_REPLANS} tries")
+        forward_backward = offsets.rank_peak(peaks) + held
+        step = terms.step_peak(graph, peaks.end_bytes)
+        peak = max(forward_backward, step)
+        if peak <= budget_bytes:
+            return RankPlan(plan=_with_rank_loop(plan, breakdown, forward_backward, step),
+                            breakdown=breakdown, graph_budget_bytes=graph_budget,
+                            predicted_rank_peak_bytes=peak, phase_peaks=peaks, offsets=offsets,
+                            held_bytes=held, step_peak_bytes=step)
+        graph_budget -= peak - budget_bytes
+    raise InfeasibleBudgetError(budget_bytes, None, f" per rank ({where}): no plan found after {_REPLANS} tries")
+
+
+def _with_rank_loop(plan: Plan, b: RankBreakdown, forward_backward: int, step: int) -> Plan:
+    """``plan`` whose breakdown names the rank's optimizer and iteration peaks (when a loop is counted)."""
+    if b.optimizer == "not counted" and b.grad_accumulation == 1:
+        return plan
+    return dataclasses.replace(plan, breakdown=dataclasses.replace(
+        plan.breakdown, optimizer=f"{b.optimizer} per rank", optimizer_bytes=b.optimizer_bytes,
+        optimizer_step_bytes=b.optimizer_step_bytes, grad_accumulation=b.grad_accumulation,
+        accumulated_gradients_bytes=b.accumulated_gradients_bytes,
+        forward_backward_peak_bytes=forward_backward, optimizer_step_peak_bytes=step))
 
 
 _REPLANS = 6
@@ -289,13 +410,30 @@ def format_rank_breakdown(ranked: RankPlan) -> str:
         f"    gradients        {format_bytes(b.gradients_bytes)} ({held})",
         f"    communication    {format_bytes(b.communication_bytes)} ({comm})",
         f"    inputs           {format_bytes(b.inputs_bytes)}",
+        *_rank_loop_lines(b, held),
         f"    activations      {format_bytes(b.activations_bytes)} left for activations",
         (f"  rank peak          {format_bytes(ranked.predicted_rank_peak_bytes)} planned"
          f" (the graph planned for {format_bytes(ranked.graph_budget_bytes)} in one process)"),
     ]
     if ranked.phase_peaks is not None and ranked.offsets is not None:
         o, p = ranked.offsets, ranked.phase_peaks
-        lines.append(f"    by phase         forward {format_bytes(p.forward_bytes + o.forward)}, backward "
-                     f"{format_bytes(p.backward_bytes + o.backward)}, after backward "
-                     f"{format_bytes(p.end_bytes + o.end)}")
+        h = ranked.held_bytes
+        lines.append(f"    by phase         forward {format_bytes(p.forward_bytes + o.forward + h)}, backward "
+                     f"{format_bytes(p.backward_bytes + o.backward + h)}, after backward "
+                     f"{format_bytes(p.end_bytes + o.end + h)}"
+                     + (f", optimizer step {format_bytes(ranked.step_peak_bytes)}" if ranked.step_peak_bytes else ""))
     return "\n".join(lines)
+
+
+def _rank_loop_lines(b: RankBreakdown, held: str) -> list[str]:
+    """The optimizer's state and the accumulated gradients on the rank, or that none is counted."""
+    if b.optimizer == "not counted" and b.grad_accumulation == 1:
+        return ["    optimizer        not counted (--optimizer NAME counts its state per rank)"]
+    lines = []
+    if b.optimizer != "not counted":
+        lines.append(f"    optimizer        {format_bytes(b.optimizer_bytes)} state of {b.optimizer} over the "
+                     f"{held} (+{format_bytes(b.optimizer_step_bytes)} step temporaries)")
+    if b.grad_accumulation > 1:
+        lines.append(f"    accumulation     {format_bytes(b.accumulated_gradients_bytes)} of gradients held "
+                     f"through {b.grad_accumulation} micro-batches")
+    return lines
