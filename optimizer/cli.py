@@ -370,18 +370,13 @@ def run(args: argparse.Namespace) -> str:
     if args.save_graphs:
         for name in ("forward.py", "backward.py"):
             _check_writable(os.path.join(args.save_graphs, name))
-    other = ("--meta" if args.meta else "--world-size/--strategy"
-             if args.world_size is not None or args.strategy is not None else None)
-    if other and (split is not None or split_mlp is not None):  # those paths do not split: say so
+    other = "--world-size/--strategy" if args.world_size is not None or args.strategy is not None else None
+    if other and (split is not None or split_mlp is not None):  # that path does not split: say so
         raise CliError(f"--split and --split-mlp are planned by the graph runtime only: drop them with {other}",
                        EXIT_USAGE)
     if args.runtime == "eager" and (split is not None or split_mlp == "auto"):  # eager splits MLPs only
         raise CliError("--split and --split-mlp auto are planned by the graph runtime only: drop them with "
                        "--runtime eager (it takes --split-mlp M)", EXIT_USAGE)
-    loop_given = args.optimizer is not None or args.grad_accumulation != 1
-    if loop_given and (args.world_size is not None or args.strategy is not None):
-        raise CliError("--optimizer and --grad-accumulation are not counted per rank yet: drop them with "
-                       "--world-size or --strategy", EXIT_USAGE)
     if args.offload is not None and not args.meta:
         raise CliError(OFFLOAD_META_ONLY, EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
@@ -477,10 +472,13 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
     """--meta: capture from shapes alone and plan; nothing is allocated, so nothing can run."""
     from optimizer.meta_plan import plan_without_hardware  # heavy: torch, not imported for --help or a usage error
 
-    for flag, given in (("--measure", args.measure), ("--save-graphs", args.save_graphs),
-                        ("--world-size", args.world_size)):
+    for flag, given in (("--measure", args.measure), ("--save-graphs", args.save_graphs)):
         if given:
             raise CliError(f"{flag} needs a model that runs: drop it with --meta", EXIT_USAGE)
+    if args.world_size is not None or args.strategy is not None:
+        raise CliError("--world-size/--strategy plan one rank from a model file's captured step; planning from "
+                       "shapes alone (--meta, --hf-config, --timm) is not per rank yet: drop them, or give a "
+                       "model file without --meta", EXIT_USAGE)
     if cost_model == "profile":
         raise CliError("--cost-model profile times ops on a device: use flops or roofline:<device> "
                        "with --meta", EXIT_USAGE)
@@ -490,7 +488,8 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
                                         time_limit=args.time_limit, cost_model=cost_model,
                                         verbose=args.verbose, name=args.model, allocator=allocator,
                                         grad_outputs=args.grad_outputs, optimizer=args.optimizer,
-                                        grad_accumulation=args.grad_accumulation,
+                                        grad_accumulation=args.grad_accumulation, outputs=args.outputs,
+                                        split=_split(args.split), split_mlp=_split(args.split_mlp, "--split-mlp"),
                                         device="cuda" if args.device else "cpu", **_offload_settings(args))
     if args.json:
         _write_plan_json(args.json, args.model, planned.plan)
@@ -617,7 +616,8 @@ def _progress_bar(total: int | None):
 
 
 def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, allocator) -> str:
-    """--world-size N --strategy ddp|fsdp: plan one rank and report its per-rank budget terms."""
+    """--world-size N --strategy ddp|fsdp: plan one rank and report its per-rank budget terms;
+    with --optimizer / --grad-accumulation, of the rank's whole training iteration."""
     from optimizer.ranks import (  # heavy: torch, not imported for --help or a usage error
         RANK_SETTINGS,
         plan_model_for_rank,
@@ -635,13 +635,15 @@ def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, a
         raise CliError(str(err), EXIT_USAGE) from None
     request = _request(budget, "remat-opt --world-size", RANK_SETTINGS, solver=args.solver,
                        time_limit=args.time_limit, cost_model=cost_model, allocator=allocator,
-                       milp_engine=args.milp_engine, verbose=args.verbose)
+                       milp_engine=args.milp_engine, verbose=args.verbose, optimizer=args.optimizer,
+                       grad_accumulation=args.grad_accumulation)
     with _planning_errors(budget), _side_effects_policy(args):
         ranked = plan_model_for_rank(model, inputs, request, config)
     if args.json:
         _write_plan_json(args.json, args.model, ranked.plan, rank={
             **dataclasses.asdict(ranked.breakdown),
-            "predicted_rank_peak_bytes": ranked.predicted_rank_peak_bytes})
+            "predicted_rank_peak_bytes": ranked.predicted_rank_peak_bytes,
+            "optimizer_step_peak_bytes": ranked.step_peak_bytes})
     return format_plan(ranked.plan, args.model) + "\n" + format_rank_breakdown(ranked)
 
 
