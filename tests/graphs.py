@@ -113,6 +113,24 @@ def random_graph(seed: int, n_forward: int = 5) -> RematGraph:
     return prune_dead(graph)
 
 
+
+def toy_step_graph() -> RematGraph:
+    """1,000 bytes of parameters and of gradients, 100 of input, a chain of three 2,000-byte
+    activations: keeping only one of them for backward lowers the peak by about 2,000 bytes.
+    Each op costs 1.0 and counts no FLOPs (the per-rank budget tests' toy step)."""
+    def step_op(name, phase, size, inputs):
+        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
+
+    nodes = (
+        Node("w", NodeKind.PARAMETER, F, 1000), Node("x", NodeKind.INPUT, F, 100),
+        step_op("a", F, 2000, ("w", "x")), step_op("b", F, 2000, ("a",)), step_op("c", F, 2000, ("b",)),
+        step_op("loss", F, 8, ("c",)), Node("t", NodeKind.TANGENT, B, 8),
+        step_op("dc", B, 10, ("t", "c")), step_op("db", B, 10, ("dc", "b")), step_op("da", B, 10, ("db", "a")),
+        step_op("dw", B, 1000, ("da", "x")),
+    )
+    return RematGraph(nodes, ("loss",), ("loss",), ("dw",))
+
+
 def store_and_lean_peaks(graph: RematGraph) -> tuple[int, int]:
     """(store-all peak, recompute-all peak): the budgets between them need recomputation."""
     return (simulate(graph, store_all_schedule(graph)).peak_bytes,

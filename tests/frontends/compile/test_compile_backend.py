@@ -12,6 +12,7 @@ import traceback
 
 import pytest
 import torch
+from compiled_steps import grads, step, within
 from e2e_helpers import (
     clone,
     load_example,
@@ -37,27 +38,12 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _grads(module: nn.Module) -> dict:
-    return {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in module.named_parameters()}
-
-
-def _step(module: nn.Module, inputs: tuple) -> None:
-    for p in module.parameters():
-        p.grad = None
-    out = module(*inputs)
-    (out[0] if isinstance(out, (tuple, list)) else out).backward()
-
-
-def _within(measured: int, predicted: int) -> bool:
-    return abs(measured - predicted) <= max(0.02 * predicted, 4096)
-
-
 def _allocator_peak(compiled_model: nn.Module, compiled, inputs: tuple) -> int:
     """One compiled step's peak as the CPU allocator sees it, plus the resident parameters and
     inputs (gradients cleared first, so the step allocates them again)."""
     for p in compiled_model.parameters():
         p.grad = None
-    return profiled_peak(lambda: _step(compiled, inputs)) + resident_bytes(compiled_model, inputs)
+    return profiled_peak(lambda: step(compiled, inputs)) + resident_bytes(compiled_model, inputs)
 
 
 def _inductor_step(model: nn.Module, inputs: tuple, budget: str):
@@ -68,8 +54,8 @@ def _inductor_step(model: nn.Module, inputs: tuple, budget: str):
     backend = remat_backend(budget, compiler="inductor", solver="greedy")
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, inputs)
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    step(compiled, inputs)
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10
     (planned,) = backend.plans
     return backend, compiled_model, compiled, planned
 
@@ -80,7 +66,7 @@ def test_compiled_gpt_matches_eager_and_its_planned_peak():
     backend = remat_backend("70%", compiler="eager", solver="greedy")
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, inputs)
+    step(compiled, inputs)
     out = compiled(*inputs)
     assert backend.graph_breaks == 0 and len(backend.plans) == 1
     plan = backend.plans[0].plan
@@ -88,16 +74,16 @@ def test_compiled_gpt_matches_eager_and_its_planned_peak():
     assert plan.breakdown.parameters_bytes > 0  # dynamo's lifted parameters are parameters
     assert "_recomputed" in backend.plans[0].backward_graph.code
     assert torch.equal(out[0].detach(), ref_out[0])
-    _step(compiled, inputs)
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    step(compiled, inputs)
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10
 
     with backend.meter.measuring() as measured:
-        _step(compiled, inputs)
+        step(compiled, inputs)
     assert measured.resident_bytes == resident_bytes(compiled_model, inputs)
-    assert _within(measured.peak_bytes, plan.predicted_peak_bytes), (measured.peak_bytes, plan)
-    _step(compiled, inputs)  # grads exist now; the profiled step allocates them again
+    assert within(measured.peak_bytes, plan.predicted_peak_bytes), (measured.peak_bytes, plan)
+    step(compiled, inputs)  # grads exist now; the profiled step allocates them again
     by_allocator = _allocator_peak(compiled_model, compiled, inputs)
-    assert _within(by_allocator, plan.predicted_peak_bytes), (by_allocator, plan.predicted_peak_bytes)
+    assert within(by_allocator, plan.predicted_peak_bytes), (by_allocator, plan.predicted_peak_bytes)
     assert by_allocator < plan.store_all_peak_bytes
 
 
@@ -109,9 +95,9 @@ def test_compiled_convnet_updates_batchnorm_statistics_once():
     _, ref_grads = train_step(reference, inputs)
     backend = remat_backend("70%", compiler="eager", solver="greedy")
     compiled_model = clone(model)
-    _step(torch.compile(compiled_model, backend=backend, dynamic=False), inputs)
+    step(torch.compile(compiled_model, backend=backend, dynamic=False), inputs)
     assert backend.plans[0].plan.recomputed
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10
     for (name, got), (_, want) in zip(compiled_model.named_buffers(), reference.named_buffers()):
         assert torch.equal(got, want), name
 
@@ -142,8 +128,8 @@ def test_graph_breaks_share_the_step_budget():
     backend = remat_backend(budget, compiler="eager", solver="greedy")
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, (x,))
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    step(compiled, (x,))
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10
     assert backend.graph_breaks == 1 and len(backend.plans) == 2
     first, second = backend.plans
     held = first.footprint.parameters_bytes + first.footprint.inputs_bytes + first.footprint.saved_bytes
@@ -153,7 +139,7 @@ def test_graph_breaks_share_the_step_budget():
     summary = backend.summary()
     assert summary.graph_breaks == 1 and not summary.exact
     with backend.meter.measuring() as measured:
-        _step(compiled, (x,))
+        step(compiled, (x,))
     assert max(p.plan.predicted_peak_bytes for p in backend.plans) < measured.peak_bytes <= budget
     # The split's bound holds, but no longer proves the fit: it adds the second graph's parameters
     # and gradients to the first graph's whole peak, which now keeps the gradient arriving from
@@ -168,7 +154,7 @@ def test_fullgraph_refuses_a_graph_break():
     compiled = torch.compile(model, backend=remat_backend("90%", compiler="eager", fullgraph=True,
                                                           solver="greedy"), dynamic=False)
     with pytest.raises(GraphBreakError, match="fullgraph=True"):
-        _step(compiled, (x,))
+        step(compiled, (x,))
 
 
 def test_a_too_small_budget_reaches_the_user_as_remat_opts_own_error():
@@ -180,7 +166,7 @@ def test_a_too_small_budget_reaches_the_user_as_remat_opts_own_error():
     compiled = torch.compile(model, backend=remat_backend(10_000, compiler="eager", solver="greedy"),
                              dynamic=False)
     with pytest.raises(InfeasibleBudgetError, match="no schedule fits a budget of 10000 bytes") as info:
-        _step(compiled, (x,))
+        step(compiled, (x,))
     assert not isinstance(info.value, BackendCompilerFailed)
     assert info.value.budget_bytes == 10_000 and "\n" not in str(info.value)
     frames = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]

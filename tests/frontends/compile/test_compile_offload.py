@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compiled_steps import grads, step, within
 from e2e_helpers import clone, load_example, max_relative_error, resident_bytes, train_step
-from torch import nn
 
 from frontends.compile.backend_settings import OFFLOAD_NEEDS_EAGER
 from frontends.graph_runtime import offload_ops
@@ -26,21 +26,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _grads(module: nn.Module) -> dict:
-    return {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in module.named_parameters()}
-
-
-def _step(module: nn.Module, inputs: tuple) -> None:
-    for p in module.parameters():
-        p.grad = None
-    out = module(*inputs)
-    (out[0] if isinstance(out, (tuple, list)) else out).backward()
-
-
-def _within(measured: int, predicted: int) -> bool:
-    return abs(measured - predicted) <= max(0.02 * predicted, 4096)
-
-
 def _compiled_gpt(device: str = "cpu"):
     """examples/gpt (no dropout, float64) compiled with offload at 70% (greedy, PCIe Gen4), one
     step run with gradients checked against eager; the backend, the compiled module and callable."""
@@ -50,8 +35,8 @@ def _compiled_gpt(device: str = "cpu"):
     backend = remat_backend("70%", compiler="eager", solver="greedy", offload="auto", link="pcie4")
     compiled_model = clone(model)
     compiled = torch.compile(compiled_model, backend=backend, dynamic=False)
-    _step(compiled, inputs)
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10
+    step(compiled, inputs)
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10
     return backend, compiled_model, compiled, inputs, ref_grads
 
 
@@ -76,11 +61,11 @@ def test_compiled_gpt_offloads_as_planned_with_eager_gradients_and_the_planned_p
     assert plan.extra_flops < recompute_only.extra_flops
 
     with backend.meter.measuring() as measured:
-        _step(compiled, inputs)
-    assert max_relative_error(_grads(compiled_model), ref_grads) <= 1e-10  # the graphs run again
+        step(compiled, inputs)
+    assert max_relative_error(grads(compiled_model), ref_grads) <= 1e-10  # the graphs run again
     assert measured.resident_bytes == resident_bytes(compiled_model, inputs)
-    assert _within(measured.peak_bytes, plan.predicted_peak_bytes), (measured.peak_bytes, plan)
-    assert plan.host_peak_bytes > 0 and _within(measured.host_peak_bytes, plan.host_peak_bytes), \
+    assert within(measured.peak_bytes, plan.predicted_peak_bytes), (measured.peak_bytes, plan)
+    assert plan.host_peak_bytes > 0 and within(measured.host_peak_bytes, plan.host_peak_bytes), \
         (measured.host_peak_bytes, plan.host_peak_bytes)
     assert measured.peak_bytes < plan.store_all_peak_bytes
 

@@ -12,11 +12,11 @@ import gc
 import pytest
 import torch
 from e2e_helpers import clone, load_example, max_relative_error
+from graphs import toy_step_graph
 
 from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
-from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
 from solvers.planning.distributed_budget import (
     DataParallelConfig,
     RankOffsets,
@@ -32,25 +32,8 @@ from solvers.planning.distributed_budget import (
 STEPS = 3
 
 
-def _toy_graph() -> RematGraph:
-    """1,000 bytes of parameters and of gradients, 100 of input, a chain of three 2,000-byte
-    activations: keeping only one of them for backward lowers the peak by about 2,000 bytes."""
-    def op(name, phase, size, inputs):
-        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
-
-    f, b = Phase.FORWARD, Phase.BACKWARD
-    nodes = (
-        Node("w", NodeKind.PARAMETER, f, 1000), Node("x", NodeKind.INPUT, f, 100),
-        op("a", f, 2000, ("w", "x")), op("b", f, 2000, ("a",)), op("c", f, 2000, ("b",)),
-        op("loss", f, 8, ("c",)), Node("t", NodeKind.TANGENT, b, 8),
-        op("dc", b, 10, ("t", "c")), op("db", b, 10, ("dc", "b")), op("da", b, 10, ("db", "a")),
-        op("dw", b, 1000, ("da", "x")),
-    )
-    return RematGraph(nodes, ("loss",), ("loss",), ("dw",))
-
-
 def test_fsdp_rank_keeps_shards_plus_the_gathered_unit():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     one_unit = rank_breakdown(graph, 20_000, DataParallelConfig(world_size=4, strategy="fsdp"))
     assert (one_unit.parameters_bytes, one_unit.gradients_bytes) == (250, 250)
     assert one_unit.communication_bytes == 1000 + 1000  # all parameters gathered, their grads unsharded
@@ -62,7 +45,7 @@ def test_fsdp_rank_keeps_shards_plus_the_gathered_unit():
 
 
 def test_ddp_rank_keeps_replicas_and_gradient_buckets():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     ddp = rank_breakdown(graph, 20_000, DataParallelConfig(world_size=8, strategy="ddp"))
     assert (ddp.parameters_bytes, ddp.gradients_bytes, ddp.communication_bytes) == (1000, 1000, 1000)
     view = DataParallelConfig(world_size=8, strategy="ddp", gradient_as_bucket_view=True)
@@ -72,7 +55,7 @@ def test_ddp_rank_keeps_replicas_and_gradient_buckets():
 def test_fsdp_offsets_differ_by_phase():
     """One unit on 2 ranks: shards (500) always; the all-gather buffer (2 x 500) in forward;
     after backward the unsharded parameters (1000) go before the reduce-scatter input (2 x 500)."""
-    graph = _toy_graph()
+    graph = toy_step_graph()
     offsets = rank_offsets(graph, DataParallelConfig(world_size=2, strategy="fsdp"))
     assert offsets == RankOffsets(forward=1500, backward=500, end=500)
     assert rank_offset(graph, DataParallelConfig(world_size=2, strategy="fsdp")) == 1500
@@ -82,7 +65,7 @@ def test_fsdp_offsets_differ_by_phase():
 
 
 def test_rank_plan_meets_the_per_rank_budget():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     config = DataParallelConfig(world_size=2, strategy="fsdp")
     offsets = rank_offsets(graph, config)
     store_all = offsets.rank_peak(phase_peaks(graph, store_all_schedule(graph)))

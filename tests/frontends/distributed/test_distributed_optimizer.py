@@ -16,11 +16,11 @@ import json
 import pytest
 import torch
 from e2e_helpers import clone, example_path, load_example
+from graphs import toy_step_graph
 
 from frontends.distributed.gloo_ranks import run_on_ranks
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
-from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
 from solvers.planning.distributed_budget import (
     DataParallelConfig,
     format_rank_breakdown,
@@ -37,22 +37,6 @@ ADAMW = OptimizerMemory(name="adamw", state_bytes=2000, step_bytes=300)
 """A toy AdamW over the toy graph's 1,000 bytes of parameters (two states)."""
 
 
-def _toy_graph() -> RematGraph:
-    """1,000 bytes of parameters and of gradients, 100 of input, a chain of three 2,000-byte activations."""
-    def op(name, phase, size, inputs):
-        return Node(name, NodeKind.OP, phase, size, inputs, group=name, cost=1.0)
-
-    f, b = Phase.FORWARD, Phase.BACKWARD
-    nodes = (
-        Node("w", NodeKind.PARAMETER, f, 1000), Node("x", NodeKind.INPUT, f, 100),
-        op("a", f, 2000, ("w", "x")), op("b", f, 2000, ("a",)), op("c", f, 2000, ("b",)),
-        op("loss", f, 8, ("c",)), Node("t", NodeKind.TANGENT, b, 8),
-        op("dc", b, 10, ("t", "c")), op("db", b, 10, ("dc", "b")), op("da", b, 10, ("db", "a")),
-        op("dw", b, 1000, ("da", "x")),
-    )
-    return RematGraph(nodes, ("loss",), ("loss",), ("dw",))
-
-
 @pytest.mark.parametrize("strategy, no_sync, accumulated, step_offset", [
     ("ddp", False, 1000, 1000),   # full gradients; the buckets beside the step
     ("ddp", True, 1000, 1000),    # no_sync changes nothing on a replica
@@ -60,7 +44,7 @@ def _toy_graph() -> RematGraph:
     ("fsdp", True, 1000, -1500),  # set_requires_gradient_sync(False): full unsharded gradients
 ])
 def test_loop_terms_per_strategy(strategy, no_sync, accumulated, step_offset):
-    graph = _toy_graph()
+    graph = toy_step_graph()
     config = DataParallelConfig(world_size=4, strategy=strategy, no_sync=no_sync)
     terms = rank_loop_terms(graph, config, TrainingLoop(optimizer=ADAMW, grad_accumulation=2))
     assert (terms.accumulated_bytes, terms.step_offset) == (accumulated, step_offset)
@@ -71,7 +55,7 @@ def test_loop_terms_per_strategy(strategy, no_sync, accumulated, step_offset):
 
 
 def test_rank_breakdown_counts_the_loop():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     config = DataParallelConfig(world_size=4, strategy="fsdp")
     plain = rank_breakdown(graph, 20_000, config)
     looped = rank_breakdown(graph, 20_000, config, TrainingLoop(optimizer=ADAMW, grad_accumulation=3))
@@ -81,7 +65,7 @@ def test_rank_breakdown_counts_the_loop():
 
 
 def test_rank_plan_meets_the_iteration_budget():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     config = DataParallelConfig(world_size=2, strategy="fsdp")
     loop = TrainingLoop(optimizer=ADAMW, grad_accumulation=2)
     store_all = rank_peak(graph, store_all_schedule(graph), config, loop)
@@ -106,7 +90,7 @@ def test_rank_plan_meets_the_iteration_budget():
 
 
 def test_plan_without_a_loop_is_unchanged():
-    graph = _toy_graph()
+    graph = toy_step_graph()
     config = DataParallelConfig(world_size=2, strategy="ddp")
     empty, none = plan_for_rank(graph, "90%", config, loop=TrainingLoop()), plan_for_rank(graph, "90%", config)
     assert (empty.breakdown, empty.predicted_rank_peak_bytes, empty.step_peak_bytes, empty.held_bytes) == (
