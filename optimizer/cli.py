@@ -475,14 +475,12 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
     for flag, given in (("--measure", args.measure), ("--save-graphs", args.save_graphs)):
         if given:
             raise CliError(f"{flag} needs a model that runs: drop it with --meta", EXIT_USAGE)
-    if args.world_size is not None or args.strategy is not None:
-        raise CliError("--world-size/--strategy plan one rank from a model file's captured step; planning from "
-                       "shapes alone (--meta, --hf-config, --timm) is not per rank yet: drop them, or give a "
-                       "model file without --meta", EXIT_USAGE)
     if cost_model == "profile":
         raise CliError("--cost-model profile times ops on a device: use flops or roofline:<device> "
                        "with --meta", EXIT_USAGE)
     solver = "hierarchical" if args.solver == "auto" else args.solver
+    if args.world_size is not None or args.strategy is not None:
+        return _run_meta_for_rank(args, model, inputs, budget, cost_model, allocator, solver)
     with _planning_errors(budget), _side_effects_policy(args):
         planned = plan_without_hardware(model, inputs, budget, solver=solver,
                                         time_limit=args.time_limit, cost_model=cost_model,
@@ -496,8 +494,97 @@ def _run_meta(args: argparse.Namespace, model, inputs, budget, cost_model, alloc
     return planned.report
 
 
-OFFLOAD_META_ONLY = ("--offload plans one step from shapes alone for now: add --meta (the runtimes that run "
-                     "offloads, sweeps and largest-batch searches with them are not wired to the CLI yet)")
+def _run_meta_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, allocator, solver: str) -> str:
+    """--meta --world-size N --strategy ddp|fsdp: one rank planned from shapes alone, reported
+    as a captured model file's rank is (`_run_for_rank`)."""
+    from optimizer.meta_plan import plan_rank_without_hardware  # heavy: torch, not imported for --help
+
+    config = _rank_config(args)
+    if args.offload is not None:
+        raise CliError("--offload is not planned per rank: drop it with --world-size", EXIT_USAGE)
+    with _planning_errors(budget), _side_effects_policy(args):
+        planned = plan_rank_without_hardware(
+            model, inputs, budget, config, solver=solver, cost_model=cost_model, name=args.model,
+            options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose, milp_engine=args.milp_engine),
+            allocator=allocator, grad_outputs=args.grad_outputs, optimizer=args.optimizer,
+            grad_accumulation=args.grad_accumulation, device="cuda" if args.device else "cpu", outputs=args.outputs)
+    if args.json:
+        _write_rank_json(args.json, args.model, planned.ranked)
+    return planned.report
+
+
+def _rank_config(args: argparse.Namespace) -> DataParallelConfig:
+    """--world-size and --strategy, both given and valid; else a usage error."""
+    if args.world_size is None or args.strategy is None:
+        raise CliError("--world-size and --strategy go together, e.g. --world-size 8 --strategy fsdp",
+                       EXIT_USAGE)
+    try:
+        return DataParallelConfig(world_size=args.world_size, strategy=args.strategy)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+
+
+def _write_rank_json(path: str, model_path: str, ranked, **extra) -> None:
+    """``--json`` of a rank's plan: the plan's fields and its per-rank terms under ``rank``."""
+    _write_plan_json(path, model_path, ranked.plan, rank={
+        **dataclasses.asdict(ranked.breakdown),
+        "predicted_rank_peak_bytes": ranked.predicted_rank_peak_bytes,
+        "optimizer_step_peak_bytes": ranked.step_peak_bytes}, **extra)
+
+
+def _run_rank_max_batch(args: argparse.Namespace) -> str:
+    """--max-batch --world-size N --strategy ddp|fsdp: the largest micro-batch per rank whose
+    rank plan fits the per-rank budget (every probe captured on the meta device)."""
+    from optimizer.meta_plan import format_rank_batch, largest_rank_batch  # heavy: torch, not for --help
+
+    config = _rank_config(args)
+    for flag, given in (("--sweep", args.sweep), ("--report", args.report), ("--plots", args.plots),
+                        ("--strategies", args.strategies), ("--measure", args.measure),
+                        ("--save-graphs", args.save_graphs), ("--offload", args.offload is not None),
+                        ("--split", args.split is not None), ("--split-mlp", args.split_mlp is not None)):
+        if given:
+            raise CliError(f"{flag} is not planned per rank: drop it with --max-batch --world-size (the "
+                           "per-rank search plans remat-opt's --solver alone)", EXIT_USAGE)
+    if args.budget is None and args.device is None:
+        raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
+    budget, cost_model, allocator = _device_settings(args)
+    if isinstance(budget, Budget) and budget.is_percentage:
+        raise CliError("--max-batch per rank needs a budget in bytes (16GB, 80GiB): a percentage of "
+                       "store-all's peak changes with the batch", EXIT_USAGE)
+    if cost_model.strip().lower() == "profile":
+        raise CliError("--max-batch plans on the meta device, where nothing runs: use --cost-model flops "
+                       "or roofline:<device>", EXIT_USAGE)
+    if args.batch_limit < 1:
+        raise CliError("--batch-limit must be at least 1", EXIT_USAGE)
+    if args.json:
+        _check_writable(args.json)
+    budget_bytes = budget.size_bytes if isinstance(budget, Budget) else int(budget)
+    model, inputs = _load(args)
+    solver = "hierarchical" if args.solver == "auto" else args.solver
+    with _planning_errors(budget_bytes), _side_effects_policy(args):
+        try:
+            fit = largest_rank_batch(
+                model, inputs, budget_bytes, config, solver=solver, cost_model=cost_model, allocator=allocator,
+                options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose,
+                                      milp_engine=args.milp_engine),
+                optimizer=args.optimizer, grad_accumulation=args.grad_accumulation,
+                device="cuda" if args.device else "cpu", dtype=args.dtype, batch_dim=args.batch_dim,
+                limit=args.batch_limit)
+        except WhatIfError as err:
+            raise CliError(str(err), EXIT_USAGE) from None
+    if args.json:
+        answer = {"max_batch": fit.max_batch, "capped": fit.capped, "probes": [list(p) for p in fit.probes]}
+        if fit.ranked is not None:
+            _write_rank_json(args.json, args.model, fit.ranked, max_batch=answer)
+        else:
+            with open(args.json, "w") as fh:
+                json.dump({"generated_by": "remat-opt", "model": args.model, "max_batch": answer,
+                           "budget_bytes": fit.budget_bytes}, fh, indent=2)
+    return format_rank_batch(fit, args.model)
+
+
+OFFLOAD_META_ONLY = ("--offload plans one step from shapes alone for now: add --meta, or ask a what-if --sweep "
+                     "(the runtimes that run offloads are not wired to the CLI yet)")
 
 
 def _offload_settings(args: argparse.Namespace) -> dict:
@@ -543,17 +630,24 @@ def run_whatif(args: argparse.Namespace) -> str:
         WhatIfRequest,
         parse_fractions,
         parse_strategies,
+        swept_strategies,
         what_if,
     )
 
+    if args.max_batch and (args.world_size is not None or args.strategy is not None):
+        return _run_rank_max_batch(args)
+    if args.world_size is not None or args.strategy is not None:
+        raise CliError("--world-size/--strategy answer --max-batch per rank; --sweep, --report and --plots "
+                       "are not per rank: drop them, or --world-size", EXIT_USAGE)
     if args.measure or args.save_graphs:
         raise CliError("--measure and --save-graphs run one plan: leave out --sweep, --max-batch, "
                        "--report and --plots", EXIT_USAGE)
     if args.split is not None or args.split_mlp is not None:  # what-if plans unsplit steps: say so
         raise CliError("--split and --split-mlp split one plan's step: leave out --sweep, --max-batch, "
                        "--report and --plots", EXIT_USAGE)
-    if args.offload is not None:
-        raise CliError(OFFLOAD_META_ONLY, EXIT_USAGE)
+    if args.offload is not None and args.max_batch:
+        raise CliError("--max-batch plans without offload for now: drop --offload, or ask --sweep and --budget "
+                       "with it (the report shows each budget with and without offload)", EXIT_USAGE)
     if args.max_batch and args.budget is None and args.device is None:
         raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
     budget, cost_model, allocator = _device_settings(args)
@@ -589,9 +683,13 @@ def run_whatif(args: argparse.Namespace) -> str:
         cost_model=cost_model, allocator=allocator, device=args.device, dtype=args.dtype,
         batch_dim=args.batch_dim, batch_limit=args.batch_limit, torch_fractions=fractions,
         plots=bool(args.report or args.plots), jobs=args.jobs, optimizer=args.optimizer,
-        grad_accumulation=args.grad_accumulation,
+        grad_accumulation=args.grad_accumulation, link=_offload_settings(args).get("link"),
     )
-    total = None if args.max_batch else 2 + count_solves(strategies, len(sweep))
+    try:
+        swept = swept_strategies(request)  # with remat-opt+offload under --offload
+    except WhatIfError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    total = None if args.max_batch else 2 + count_solves(swept, len(sweep))
     with _planning_errors(budget), _side_effects_policy(args), _progress_bar(total) as tick:
         try:
             report = what_if(model, inputs, request, progress=tick)
@@ -623,16 +721,10 @@ def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, a
         plan_model_for_rank,
     )
 
-    if args.world_size is None or args.strategy is None:
-        raise CliError("--world-size and --strategy go together, e.g. --world-size 8 --strategy fsdp",
-                       EXIT_USAGE)
+    config = _rank_config(args)
     if args.measure or args.save_graphs:
         raise CliError("--measure and --save-graphs run one process: drop them with --world-size",
                        EXIT_USAGE)
-    try:
-        config = DataParallelConfig(world_size=args.world_size, strategy=args.strategy)
-    except ValueError as err:
-        raise CliError(str(err), EXIT_USAGE) from None
     request = _request(budget, "remat-opt --world-size", RANK_SETTINGS, solver=args.solver,
                        time_limit=args.time_limit, cost_model=cost_model, allocator=allocator,
                        milp_engine=args.milp_engine, verbose=args.verbose, optimizer=args.optimizer,
@@ -640,10 +732,7 @@ def _run_for_rank(args: argparse.Namespace, model, inputs, budget, cost_model, a
     with _planning_errors(budget), _side_effects_policy(args):
         ranked = plan_model_for_rank(model, inputs, request, config)
     if args.json:
-        _write_plan_json(args.json, args.model, ranked.plan, rank={
-            **dataclasses.asdict(ranked.breakdown),
-            "predicted_rank_peak_bytes": ranked.predicted_rank_peak_bytes,
-            "optimizer_step_peak_bytes": ranked.step_peak_bytes})
+        _write_rank_json(args.json, args.model, ranked)
     return format_plan(ranked.plan, args.model) + "\n" + format_rank_breakdown(ranked)
 
 

@@ -24,6 +24,8 @@ from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.budget import Budget, format_bytes
+from solvers.ir.link import Link
+from solvers.ir.plan import Plan
 from solvers.ir.simulator import simulate
 from solvers.ir.timeline import memory_timeline
 from solvers.planning.batch_scaling import ScalingMismatch
@@ -38,9 +40,11 @@ from solvers.planning.batch_search import (
     find_max_batches,
     lower_bound_ceiling,
 )
-from solvers.planning.planner import SEARCHING_SOLVERS, store_all_peak_bytes
+from solvers.planning.planner import SEARCHING_SOLVERS, plan_from_schedule, store_all_peak_bytes
 from solvers.planning.sweep import (
     ALL_STRATEGIES,
+    KNOWN_STRATEGIES,
+    OFFLOAD_STRATEGY,
     REMAT_OPT,
     TORCH_STRATEGY,
     ExternalSchedule,
@@ -87,11 +91,35 @@ class WhatIfRequest:
     """An optimizer description (`OPTIMIZERS`): the budget is then the whole iteration's
     (`solvers.planning.training_loop`), its memory measured on fake parameters of the device."""
     grad_accumulation: int = 1
+    link: Link | str | None = None
+    """Offload (issue 39): a device-host link (`solvers.ir.link`) adds the ``remat-opt+offload``
+    strategy right after ``remat-opt``: every budget planned with and without offload, and the
+    plan at ``budget`` both ways. None: recompute only."""
+    host_budget: int | None = None
+    """Pinned host bytes offloaded values may hold at once (None: unlimited)."""
+
+
+def swept_strategies(request: WhatIfRequest) -> tuple[str, ...]:
+    """The request's strategies, with ``remat-opt+offload`` after ``remat-opt`` when it gives a link."""
+    strategies = request.strategies
+    if request.link is None:
+        if OFFLOAD_STRATEGY in strategies:
+            raise WhatIfError(f"{OFFLOAD_STRATEGY} needs a device-host link: give --offload [LINK] "
+                              "(WhatIfRequest(link=...))")
+        return strategies
+    if request.max_batch:
+        raise WhatIfError("the largest-batch search plans without offload for now: drop --offload there, "
+                          "or ask --sweep / --budget with --offload")
+    if OFFLOAD_STRATEGY in strategies or REMAT_OPT not in strategies:
+        return strategies
+    at = strategies.index(REMAT_OPT) + 1
+    return (*strategies[:at], OFFLOAD_STRATEGY, *strategies[at:])
 
 
 def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | None = None) -> WhatIfReport:
     """Compute every part of the report ``request`` asks for (captures never allocate)."""
     tick = progress or (lambda _: None)
+    strategies = swept_strategies(request)
     allocator = request.allocator or AllocatorModel(block_bytes=1)
     capturer = MetaCapturer(model, inputs, batch_dim=request.batch_dim, dtype=request.dtype,
                             cost_model=request.cost_model)
@@ -134,24 +162,28 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
         def externals():  # torch's partitioner runs in this process while the workers solve
             return _torch_points(step, request.torch_fractions)
 
-        return run_sweep(step.graph, budgets, strategies=request.strategies, solver=request.solver,
+        return run_sweep(step.graph, budgets, strategies=strategies, solver=request.solver,
                          options=request.options, allocator=allocator, externals=externals, progress=tick,
-                         jobs=request.jobs)
+                         jobs=request.jobs, link=request.link, host_budget=request.host_budget)
 
     sweep = sweep_at(captured, request.sweep) if request.sweep else None
     timeline_sweep = sweep
+    plans: tuple[Plan, ...] = ()
     if step_budget is not None:  # the plan at --budget, unless it recomputes nothing
-        at_budget = run_sweep(graph, [step_budget], strategies=(REMAT_OPT,), solver=request.solver,
-                              options=request.options, allocator=allocator, progress=tick)
+        at_budget = _swept_at(sweep, step_budget, _remat_strategies(strategies)) or run_sweep(
+            graph, [step_budget], strategies=_remat_strategies(strategies), solver=request.solver,
+            options=request.options, allocator=allocator, progress=tick, link=request.link,
+            host_budget=request.host_budget)
         if sweep is None or any(p.extra_time_s for p in at_budget.curve(REMAT_OPT)):
             timeline_sweep = at_budget
+        plans = _plans_at(graph, at_budget, allocator, request, len(captured.gm.graph.nodes))
     timelines = _timelines(allocator.apply(graph), timeline_sweep, request.solver, store_all_peak)
 
     max_batch = None
     if request.max_batch and step_refused:
         max_batch = MaxBatchResult(
             budget_bytes, capturer.batch_dim, capturer.base_batch, request.batch_limit,
-            (BatchFit(EVERY_STRATEGY if len(request.strategies) > 1 else request.strategies[0],
+            (BatchFit(EVERY_STRATEGY if len(strategies) > 1 else strategies[0],
                       0, False, None, None, (), step_refused),),
             capturer.captures)
     elif request.max_batch:
@@ -208,14 +240,44 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
             near[REMAT_OPT] = classic_floor(capturer.graph_at, step_budget, allocator, request.batch_limit,
                                             start=ceiling - 1, high=ceiling) or 1
         max_batch = find_max_batches(
-            capturer, step_budget, request.strategies, evaluate, limit=request.batch_limit, progress=tick,
+            capturer, step_budget, strategies, evaluate, limit=request.batch_limit, progress=tick,
             decide=decide if request.bounds else None, ceiling=ceiling,
             approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
             if capturer.scaling is not None else None,
             near=near, jobs=request.jobs, slowest_first=SLOWEST_SEARCHES, in_parent=(TORCH_STRATEGY,),
         )
-    report = WhatIfReport(settings, facts, sweep, max_batch, timelines)
+    report = WhatIfReport(settings, facts, sweep, max_batch, timelines, plans=plans)
     return replace(report, plots=_plots(report)) if request.plots else report
+
+
+def _remat_strategies(strategies: tuple[str, ...]) -> tuple[str, ...]:
+    """remat-opt, and remat-opt+offload where swept: the plans the report shows per module at --budget."""
+    return (REMAT_OPT, *(s for s in strategies if s == OFFLOAD_STRATEGY))
+
+
+def _swept_at(sweep: SweepResult | None, budget: int, wanted: tuple[str, ...]) -> SweepResult | None:
+    """The sweep's answers at ``budget`` when it planned every ``wanted`` strategy there: each one's
+    fastest schedule that fits (`SweepResult.best_at`), so the plans at --budget are the ones its
+    tables show, not a second solve that may land elsewhere."""
+    if sweep is None or budget not in sweep.budgets or not set(wanted) <= set(sweep.strategies):
+        return None
+    best = (sweep.best_at(strategy, budget) for strategy in wanted)  # what the sweep's tables show
+    return replace(sweep, budgets=(budget,), points=tuple(replace(p, budget_bytes=budget) for p in best if p))
+
+
+def _plans_at(graph, at_budget: SweepResult, allocator: AllocatorModel, request: WhatIfRequest,
+              graph_nodes: int) -> tuple[Plan, ...]:
+    """Each remat-opt strategy's plan at --budget as a `Plan` (keep / recompute / offload per
+    module), simulated from its sweep point's schedule; none for a budget it could not meet."""
+    plans = []
+    for point in at_budget.points:
+        if not point.ok or point.schedule is None:
+            continue
+        solver = request.solver + ("+offload" if point.strategy == OFFLOAD_STRATEGY else "")
+        plans.append(plan_from_schedule(graph, point.schedule, point.budget_bytes, solver=solver, status="feasible",
+                                        allocator=allocator, graph_nodes=graph_nodes, message=point.message,
+                                        link=request.link if point.offloaded_bytes else None))
+    return tuple(plans)
 
 
 def _value_names(graph) -> list[str]:
@@ -321,14 +383,15 @@ def _plots(report: WhatIfReport) -> dict[str, bytes]:
 
 
 def parse_strategies(text: str | None) -> tuple[str, ...]:
-    """``--strategies``: a comma list of `ALL_STRATEGIES` (None or empty: all of them)."""
+    """``--strategies``: a comma list of `ALL_STRATEGIES` and ``remat-opt+offload`` (None or
+    empty: `ALL_STRATEGIES`)."""
     if not text:
         return ALL_STRATEGIES
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    unknown = [n for n in names if n not in ALL_STRATEGIES]
+    unknown = [n for n in names if n not in KNOWN_STRATEGIES]
     if unknown or not names:
         raise WhatIfError(f"unknown strategies {', '.join(unknown) or '(none given)'}: choose from "
-                          f"{', '.join(ALL_STRATEGIES)}")
+                          f"{', '.join(KNOWN_STRATEGIES)}")
     return names
 
 

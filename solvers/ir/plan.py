@@ -43,13 +43,17 @@ class BudgetBreakdown:
 
 @dataclass(frozen=True)
 class ModuleSummary:
-    """Per module: bytes forward saves for backward, and what backward recomputes."""
+    """Per module: what forward keeps on device for backward, what it copies to host, and what
+    backward recomputes (keep / recompute / offload, issue 39)."""
 
     module: str
     saved_bytes: int
+    """Bytes saved on device at the phase boundary."""
     store_all_saved_bytes: int
     recomputed_ops: int
     recomputed_flops: float
+    offloaded_bytes: int = 0
+    """Bytes of the module's values copied to host memory and back (its share of ``Plan.offloaded``)."""
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,22 @@ def format_plan(plan: Plan, model_path: str) -> str:
         lines.append(f"  allocator          {plan.allocator} (included in the peaks above)")
     if plan.message:
         lines.append(f"  note               {plan.message}")
-    lines.append("  per module         saved (store-all -> plan)      recomputed ops")
+    lines.extend(_module_lines(plan))
+    return "\n".join(lines)
+
+
+def _module_lines(plan: Plan) -> list[str]:
+    """Keep / recompute (/ offload, when the plan offloads) per module: saved on device at the
+    boundary, against store-all's, and the bytes that go through host memory instead."""
+    offloads = bool(plan.offloaded)
+    host = "  offloaded " if offloads else ""
+    lines = [f"  per module         saved (store-all -> plan)    {host}  recomputed ops"]
     for m in plan.modules:
-        if not (m.saved_bytes or m.store_all_saved_bytes or m.recomputed_ops):
+        if not (m.saved_bytes or m.store_all_saved_bytes or m.recomputed_ops or m.offloaded_bytes):
             continue
+        to_host = f"  {format_bytes(m.offloaded_bytes):>10}" if offloads else ""
         lines.append(
             f"    {m.module:<20.20} {format_bytes(m.store_all_saved_bytes):>10} -> {format_bytes(m.saved_bytes):<10}"
-            f"  {m.recomputed_ops}"
+            f"{to_host}  {m.recomputed_ops}"
         )
-    return "\n".join(lines)
+    return lines

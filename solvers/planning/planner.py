@@ -297,8 +297,9 @@ def block_of(module: str) -> str:
 def module_summaries(
     graph: RematGraph, plan: SimulationResult, store_all: SimulationResult
 ) -> tuple[ModuleSummary, ...]:
-    """Saved bytes and recomputation per block (see `block_of`)."""
+    """Saved and offloaded bytes and recomputation per block (see `block_of`)."""
     saved: dict[str, int] = defaultdict(int)
+    offloaded: dict[str, int] = defaultdict(int)
     saved_before: dict[str, int] = defaultdict(int)
     ops: dict[str, int] = defaultdict(int)
     flops: dict[str, float] = defaultdict(float)
@@ -306,11 +307,13 @@ def module_summaries(
         saved[block_of(graph[name].module)] += graph[name].bytes
     for name in store_all.saved:
         saved_before[block_of(graph[name].module)] += graph[name].bytes
+    for name in plan.offloaded:
+        offloaded[block_of(graph[name].module)] += graph[name].bytes
     for name, times in plan.recomputed:
         node = graph[name]
         ops[block_of(node.module)] += times - 1
         flops[block_of(node.module)] += (times - 1) * node.flops
-    modules = sorted(set(saved) | set(saved_before) | set(ops))
+    modules = sorted(set(saved) | set(saved_before) | set(ops) | set(offloaded))
     return tuple(
-        ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m]) for m in modules
+        ModuleSummary(m, saved[m], saved_before[m], ops[m], flops[m], offloaded[m]) for m in modules
     )

@@ -8,6 +8,10 @@ people know, so their points land on one Pareto plot:
   budget: one point each;
 - budget-taking strategies (remat-opt's solver, chen-greedy, chain-dp, revolve, greedy) are
   planned at every budget: a curve; a budget they cannot meet is an ``infeasible`` point;
+- ``remat-opt+offload`` (only with a ``link``, issue 39) plans each budget like remat-opt, then
+  lets saved values go to host memory and back (`solvers.offload_exact.best_offloads`), keeping
+  the faster of the two as the planner does: beside remat-opt's row, the same budget with and
+  without offload;
 - external schedules (PyTorch's min-cut partitioner at its own budgets, made by
   `frontends.compile.torch_partitioner`) arrive ready-made and are simulated here like the rest.
 
@@ -20,7 +24,7 @@ fits B too), which is what tables and curves show. Pure Python over the IR: no t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Callable, Iterable, Sequence
 
@@ -29,8 +33,10 @@ from solvers.base import InfeasibleBudgetError, ScheduleTooLongError, SolverOpti
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.budget import Budget, BudgetError, format_bytes, parse_bytes, resolve_budget
 from solvers.ir.graph import RematGraph
+from solvers.ir.link import Link, get_link
 from solvers.ir.schedule import Schedule
-from solvers.ir.simulator import simulate
+from solvers.ir.simulator import SimulationResult, simulate
+from solvers.offload_exact import best_offloads
 from solvers.planning.parallel import map_forked
 from solvers.planning.planner import store_all_peak_bytes
 
@@ -39,6 +45,10 @@ FIXED_STRATEGIES = ("store-all", "recompute-all", "blocks", "chen")
 BUDGETED_STRATEGIES = ("chen-greedy", "chain-dp", "revolve", "greedy")
 TORCH_STRATEGY = "torch-min-cut"
 ALL_STRATEGIES = (REMAT_OPT, *FIXED_STRATEGIES, *BUDGETED_STRATEGIES, TORCH_STRATEGY)
+OFFLOAD_STRATEGY = "remat-opt+offload"
+"""remat-opt's solver with keep / recompute / offload: planned only when a link is given, so it is
+not among `ALL_STRATEGIES` (the default list)."""
+KNOWN_STRATEGIES = (*ALL_STRATEGIES, OFFLOAD_STRATEGY)
 STRUCTURAL_STRATEGIES = ("blocks", "chen", "chen-greedy", "chain-dp", "revolve")
 """Schedules that need a structure (a chain, repeated blocks) some graphs lack: not-applicable there."""
 MAX_SWEEP_BUDGETS = 200
@@ -78,11 +88,19 @@ class SweepPoint:
     peak_bytes: int | None = None
     """Simulated peak (allocator rounding and margins included)."""
     extra_time_s: float | None = None
-    """Recomputation time under the cost model."""
+    """Recomputation time under the cost model, plus the copy time compute does not hide
+    (``stall_time_s``), as in `solvers.ir.plan.Plan.extra_time_s`."""
     extra_flops: float | None = None
     solve_time_s: float = 0.0
     message: str = ""
     schedule: Schedule | None = field(default=None, repr=False, compare=False)
+    offloaded_bytes: int = 0
+    """Bytes of saved values copied to host and back (0 for every recompute-only strategy)."""
+    transfer_time_s: float = 0.0
+    """Seconds the copy streams are busy."""
+    stall_time_s: float = 0.0
+    """Seconds compute waits on copies (included in ``extra_time_s``)."""
+    host_peak_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -101,6 +119,8 @@ class SweepResult:
     cost_model: str
     solver: str
     """The solver behind the ``remat-opt`` strategy."""
+    link: str = ""
+    """The link ``remat-opt+offload`` priced its copies on (`Link.describe`); "" without it."""
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -185,6 +205,8 @@ def run_sweep(
     externals: Sequence[ExternalSchedule] | Callable[[], Sequence[ExternalSchedule]] = (),
     progress: Callable[[str], None] | None = None,
     jobs: int = 1,
+    link: Link | str | None = None,
+    host_budget: int | None = None,
 ) -> SweepResult:
     """Plan ``graph`` with each of ``strategies`` at each of ``budgets`` (bytes, sizes or
     percentages of store-all's peak); ``externals`` are simulated as they are (a callable is
@@ -193,10 +215,18 @@ def run_sweep(
     ``progress`` is called with a short description after every solve (for progress bars);
     `count_solves` says how many calls to expect. ``jobs > 1`` solves on forked workers
     (`solvers.planning.parallel`), with the same points in the same order.
+
+    ``link`` (a `Link` or preset name) and ``host_budget`` (pinned host bytes, None: unlimited)
+    are for the ``remat-opt+offload`` strategy, which needs the link. Its point at a budget is
+    never slower than remat-opt's at that budget when both are swept (the faster is kept).
     """
-    unknown = [s for s in strategies if s not in ALL_STRATEGIES]
+    unknown = [s for s in strategies if s not in KNOWN_STRATEGIES]
     if unknown:
-        raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(ALL_STRATEGIES)}")
+        raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(KNOWN_STRATEGIES)}")
+    copy_link = get_link(link) if link is not None else None
+    if OFFLOAD_STRATEGY in strategies and copy_link is None:
+        raise ValueError(f"{OFFLOAD_STRATEGY} prices copies to host: pass link= (a solvers.ir.link.Link "
+                         "or a preset name such as 'pcie5')")
     allocator = allocator or AllocatorModel(block_bytes=1)
     store_all_peak = store_all_peak_bytes(graph, allocator)
     resolved = tuple(sorted({resolve_budget(b, store_all_peak) for b in budgets}))
@@ -212,15 +242,20 @@ def run_sweep(
             made = externals() if callable(externals) else externals
             return [external_point(checked, ext, allocator) for ext in made]
         strategy, budget = item
-        point = plan_point(graph, strategy, solver if strategy == REMAT_OPT else strategy, budget, options,
-                           allocator)
+        if strategy == OFFLOAD_STRATEGY:
+            assert copy_link is not None and budget is not None
+            seed = _fastest_fitting(done, budget) if jobs <= 1 else None  # remat-opt's answers, when solved here
+            point = offload_point(graph, solver, budget, options, allocator, copy_link, host_budget, seed)
+        else:
+            point = plan_point(graph, strategy, solver if strategy == REMAT_OPT else strategy, budget, options,
+                               allocator)
         if jobs <= 1:
             tick(strategy if budget is None else f"{strategy} at {format_bytes(budget)}")
         return point
 
     items = [*_slowest_first(solves), None] if torch_wanted else _slowest_first(solves)
+    done: dict = {}
     if jobs <= 1:
-        done: dict = {}
         for item in solves:  # in order, so a structure a strategy lacks stops it at its first budget
             strategy = item[0]
             if done.get((strategy, "skip")):
@@ -241,14 +276,36 @@ def run_sweep(
                 break
     if torch_wanted:
         points.extend(done[None])
+    points = [_no_slower_than_remat_opt(p, done) for p in points]
     return SweepResult(resolved, tuple(points), store_all_peak, graph.base_cost, graph.base_flops,
-                       graph.cost_model, solver)
+                       graph.cost_model, solver, copy_link.describe() if copy_link is not None else "")
+
+
+def _fastest_fitting(done: dict, budget: int) -> SweepPoint | None:
+    """remat-opt's fastest schedule whose peak fits ``budget``, whichever budget it was solved for
+    (what `SweepResult.best_at` shows for remat-opt at ``budget``)."""
+    fitting = [p for key, p in done.items() if isinstance(key, tuple) and key[0] == REMAT_OPT
+               and isinstance(p, SweepPoint) and p.ok and p.peak_bytes <= budget]
+    return min(fitting, key=lambda p: (p.extra_time_s, p.peak_bytes), default=None)
+
+
+def _no_slower_than_remat_opt(point: SweepPoint, done: dict) -> SweepPoint:
+    """An offload point as the planner keeps it: remat-opt's fastest schedule that fits the same
+    budget where that one is faster (a recompute-only schedule is an offload plan that offloads
+    nothing; a solver re-run on a worker may also land elsewhere than the seed it was given)."""
+    if point.strategy != OFFLOAD_STRATEGY:
+        return point
+    plain = _fastest_fitting(done, point.budget_bytes)
+    if plain is None or (point.ok and point.extra_time_s <= plain.extra_time_s):
+        return point
+    return replace(plain, strategy=OFFLOAD_STRATEGY, budget_bytes=point.budget_bytes,
+                   message=f"no offload beats remat-opt's plan; {plain.message}")
 
 
 def _slowest_first(solves: list) -> list:
     """The exact solver's solves first, then the searching heuristics', then the rest (the pool
     hands items out in order: the long ones should not start last)."""
-    rank = {REMAT_OPT: 0, "greedy": 1, "chain-dp": 2, "chen-greedy": 3}
+    rank = {REMAT_OPT: 0, OFFLOAD_STRATEGY: 0, "greedy": 1, "chain-dp": 2, "chen-greedy": 3}
     return sorted(solves, key=lambda item: rank.get(item[0], 4))
 
 
@@ -309,3 +366,42 @@ def external_point(checked: RematGraph, ext: ExternalSchedule, allocator: Alloca
     return SweepPoint(ext.strategy, Status.OK, setting=ext.setting,
                       peak_bytes=allocator.planned_peak(sim.peak_bytes), extra_time_s=sim.extra_cost,
                       extra_flops=sim.extra_flops, message=ext.message, schedule=ext.schedule)
+
+
+def offload_point(graph: RematGraph, solver: str, budget: int, options: SolverOptions, allocator: AllocatorModel,
+                  link: Link, host_budget: int | None = None, seed: SweepPoint | None = None) -> SweepPoint:
+    """``solver``'s plan at ``budget`` bytes with keep / recompute / offload: the offload search
+    (`best_offloads`) starts from the recompute-only schedule (``seed``, remat-opt's point at this
+    budget, or solved here), and the faster of the two is the point, as
+    `solvers.planning.planner.plan_graph` keeps it. A budget no recompute-only schedule meets may
+    still fit with offloads."""
+    start = time.perf_counter()
+    rounded = allocator.apply(graph)
+    solver_budget = allocator.solver_budget(budget)
+    recompute = seed if seed is not None else plan_point(graph, OFFLOAD_STRATEGY, solver, budget, options, allocator)
+    if recompute.status in (Status.FAILED, Status.NOT_APPLICABLE):
+        return replace(recompute, strategy=OFFLOAD_STRATEGY)
+    choice = best_offloads(rounded, solver_budget, link, host_budget_bytes=host_budget, seed=recompute.schedule,
+                           deadline=time.perf_counter() + options.time_limit_s)
+    solve_time_s = recompute.solve_time_s + time.perf_counter() - start
+    plain_time = None if recompute.schedule is None else simulate(rounded, recompute.schedule).total_cost
+    if choice is not None and (plain_time is None or (choice.offloaded and
+                                                      choice.step_time_s < plain_time * (1 - 1e-9))):
+        return _offloaded_point(rounded, budget, choice.result, choice.schedule, allocator, solve_time_s,
+                                f"keep / recompute / offload chosen by {choice.chosen_by}")
+    if recompute.schedule is None:
+        return replace(recompute, strategy=OFFLOAD_STRATEGY, solve_time_s=solve_time_s,
+                       message=f"nothing fits, with offloads or without ({recompute.message})")
+    message = "no offload beats the recompute-only plan"
+    return replace(recompute, strategy=OFFLOAD_STRATEGY, solve_time_s=solve_time_s,
+                   message=f"{message}; {recompute.message}" if recompute.message else message)
+
+
+def _offloaded_point(rounded: RematGraph, budget: int, sim: SimulationResult, schedule: Schedule,
+                     allocator: AllocatorModel, solve_time_s: float, message: str) -> SweepPoint:
+    return SweepPoint(
+        OFFLOAD_STRATEGY, Status.OK, budget, peak_bytes=allocator.planned_peak(sim.peak_bytes),
+        extra_time_s=sim.extra_cost + sim.stall_time_s, extra_flops=sim.extra_flops, solve_time_s=solve_time_s,
+        message=message, schedule=schedule, offloaded_bytes=sum(rounded[name].bytes for name in sim.offloaded),
+        transfer_time_s=sim.transfer_time_s, stall_time_s=sim.stall_time_s, host_peak_bytes=sim.host_peak_bytes,
+    )

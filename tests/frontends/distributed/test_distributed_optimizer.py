@@ -203,6 +203,6 @@ def test_cli_counts_the_optimizer_per_rank(capsys, tmp_path):
     rank = json.loads(out.read_text())["rank"]
     assert rank["optimizer_bytes"] > 0 and rank["accumulated_gradients_bytes"] > 0
     assert rank["predicted_rank_peak_bytes"] <= rank["budget_bytes"]
-    assert main([example_path("mlp"), "--meta", "--budget", "90%", "--world-size", "8", "--strategy", "fsdp",
-                 "--optimizer", "adamw"]) == EXIT_USAGE
-    assert "is not per rank yet" in capsys.readouterr().err
+    assert main([example_path("mlp"), "--meta", "--budget", "90%", "--world-size", "8",
+                 "--optimizer", "adamw"]) == EXIT_USAGE  # --meta plans per rank (tests/optimizer/test_meta_ranks.py)
+    assert "go together" in capsys.readouterr().err
