@@ -46,6 +46,22 @@ def loss_of(output) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+def sgd_losses_and_grads(rm, inputs: tuple, steps: int, seed: int) -> tuple[list, list]:
+    """Train the remat module ``rm`` ``steps`` SGD steps (lr 0.05) from generator seed ``seed``
+    (dropout draws); each step's loss and gradients by parameter name, for bitwise comparison."""
+    opt = torch.optim.SGD(rm.parameters(), lr=0.05)
+    torch.manual_seed(seed)
+    losses, grads = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_of(rm(*inputs))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters()})
+        opt.step()
+    return losses, grads
+
+
 def train_step(module: torch.nn.Module, inputs: tuple):
     """One forward+backward; returns (outputs detached, {name: grad})."""
     for p in module.parameters():

@@ -7,7 +7,9 @@ import random
 import pytest
 
 from solvers.baselines import recompute_all_schedule, store_all_schedule
+from solvers.greedy import droppable
 from solvers.ir.graph import Node, NodeKind, Phase, RematGraph, prune_dead
+from solvers.ir.link import Link
 from solvers.ir.simulator import simulate
 
 F, B = Phase.FORWARD, Phase.BACKWARD
@@ -135,6 +137,20 @@ def store_and_lean_peaks(graph: RematGraph) -> tuple[int, int]:
     """(store-all peak, recompute-all peak): the budgets between them need recomputation."""
     return (simulate(graph, store_all_schedule(graph)).peak_bytes,
             simulate(graph, recompute_all_schedule(graph)).peak_bytes)
+
+
+
+def small_offload_cases():
+    """(graph, budget, link): random graphs with at most 6 droppable values, each at five budgets
+    from below the leanest peak to store-all's, on a link drawn per graph: brute force's size."""
+    for seed in range(0, 60, 2):
+        graph = random_graph(seed, 4 + seed % 5)
+        if len(droppable(graph)) > 6:
+            continue
+        high, low = store_and_lean_peaks(graph)
+        link = Link("t", random.Random(seed).choice([1.0, 4.0, 20.0]), 4.0, latency_s=0.1)
+        for budget in sorted({low - 8, low - 3, low, (low + high) // 2, high}):
+            yield graph, budget, link
 
 
 def check_exact_result(graph: RematGraph, budget: int, result, tol: float = 1e-6) -> None:

@@ -7,7 +7,7 @@ import itertools
 import random
 
 import pytest
-from graphs import chain, random_graph, store_and_lean_peaks, tiny_chain
+from graphs import chain, random_graph, small_offload_cases, store_and_lean_peaks, tiny_chain
 
 from solvers.base import InfeasibleBudgetError, SolveStatus
 from solvers.brute_force import brute_force_offload
@@ -35,14 +35,8 @@ SLOW = Link("slow", 10.0, 20.0, latency_s=0.5)
 
 def _cases():
     """Brute force's own small cases (test_offload_planning), then graphs with siblings and a host budget."""
-    for seed in range(0, 60, 2):
-        graph = random_graph(seed, 4 + seed % 5)
-        if len(droppable(graph)) > 6:
-            continue
-        high, low = store_and_lean_peaks(graph)
-        link = Link("t", random.Random(seed).choice([1.0, 4.0, 20.0]), 4.0, latency_s=0.1)
-        for budget in sorted({low - 8, low - 3, low, (low + high) // 2, high}):
-            yield graph, budget, link, None
+    for graph, budget, link in small_offload_cases():
+        yield graph, budget, link, None
     for seed in (110, 113, 121, 164):  # siblings whose recomputation may make a saved value again
         graph = random_graph(seed, 3 + seed % 7)
         high, low = store_and_lean_peaks(graph)

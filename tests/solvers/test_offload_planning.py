@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from graphs import chain, random_graph, store_and_lean_peaks, tiny_chain
+from graphs import chain, random_graph, small_offload_cases, store_and_lean_peaks, tiny_chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -177,20 +177,9 @@ def test_placement_refuses_values_forward_does_not_save():
 
 
 # ------------------------------------------------------------------ the search
-def _tiny_cases():
-    for seed in range(0, 60, 2):
-        graph = random_graph(seed, 4 + seed % 5)
-        if len(droppable(graph)) > 6:
-            continue
-        high, low = store_and_lean_peaks(graph)
-        link = Link("t", random.Random(seed).choice([1.0, 4.0, 20.0]), 4.0, latency_s=0.1)
-        for budget in sorted({low - 8, low - 3, low, (low + high) // 2, high}):
-            yield graph, budget, link
-
-
 def test_the_search_reaches_the_brute_force_optimum_on_tiny_graphs():
     compared = offloading = 0
-    for graph, budget, link in _tiny_cases():
+    for graph, budget, link in small_offload_cases():
         exact = brute_force_offload(graph, budget, link)
         found = choose_offloads(graph, budget, link)
         if exact is None:

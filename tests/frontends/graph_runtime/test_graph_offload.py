@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from e2e_helpers import clone, load_example, loss_of, max_relative_error, small_mlp, train_step
+from e2e_helpers import clone, load_example, loss_of, max_relative_error, sgd_losses_and_grads, small_mlp, train_step
 
 from frontends.capture.step import capture
 from frontends.graph_runtime import offload_ops, rewrite
@@ -230,17 +230,7 @@ def test_dropout_plan_with_offloads_trains_bitwise_like_the_plan_without():
     runs = []
     for how in (None, edit):
         rm = module_with(model, inputs, solver="greedy", budget="60%", edit=how).module
-        opt = torch.optim.SGD(rm.parameters(), lr=0.05)
-        torch.manual_seed(3)
-        losses, grads = [], []
-        for _ in range(2):
-            opt.zero_grad()
-            loss = loss_of(rm(*inputs))
-            loss.backward()
-            losses.append(loss.detach())
-            grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters()})
-            opt.step()
-        runs.append((losses, grads))
+        runs.append(sgd_losses_and_grads(rm, inputs, steps=2, seed=3))
     assert len(offloaded) == 4
     (plain_losses, plain_grads), (losses, grads) = runs
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from e2e_helpers import clone, load_example, loss_of, max_relative_error, train_step
+from e2e_helpers import clone, load_example, loss_of, max_relative_error, sgd_losses_and_grads, train_step
 
 from frontends.graph_runtime.remat_module import InputMismatchError
 from frontends.measure.memory_tracker import track_live_memory
@@ -32,17 +32,7 @@ def test_dropout_is_bitwise_equal_to_store_all_over_several_steps():
     runs = []
     for budget, solver in (("100%", "store-all"), (TIGHT, "greedy")):
         rm = optimize(clone(model), inputs, budget, solver=solver)
-        opt = torch.optim.SGD(rm.parameters(), lr=0.05)
-        torch.manual_seed(7)
-        losses, grads = [], []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = loss_of(rm(*inputs))
-            loss.backward()
-            losses.append(loss.detach())
-            grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters()})
-            opt.step()
-        runs.append((losses, grads))
+        runs.append(sgd_losses_and_grads(rm, inputs, steps=3, seed=7))
     (losses_a, grads_a), (losses_b, grads_b) = runs
     assert all(torch.equal(a, b) for a, b in zip(losses_a, losses_b))
     for step_a, step_b in zip(grads_a, grads_b):
