@@ -54,7 +54,7 @@ import torch
 from frontends.capture.step import CapturedStep
 from frontends.compile.auto_split import choose_split, split_when_infeasible
 from frontends.compile.backend_settings import OFFLOAD_NEEDS_EAGER, CompileSettings
-from frontends.compile.compile_errors import own_error_to_raise, planning_errors
+from frontends.compile.compile_errors import error_in_chain, own_error_to_raise, planning_errors
 from frontends.compile.compile_split import GraphSplits, split_compiled_graph
 from frontends.compile.compiled_memory import CompiledStepMeter
 from frontends.compile.dynamo_joint import JointReader, graph_footprint
@@ -197,7 +197,7 @@ class RematBackend:
         try:
             return self._compile_as_split(gm, example_inputs)
         except Exception as err:
-            unsplit_error = _infeasible_in(err)
+            unsplit_error = error_in_chain(err, lambda e: isinstance(e, InfeasibleBudgetError))
             if unsplit_error is None:
                 raise
         # split=None and no whole-tensor plan fits this graph: split it, and compile again.
@@ -395,19 +395,6 @@ def _partitioner_base():
         return inductor_custom_partitioner_fn()  # Inductor, imported only on its path
     except ImportError:  # older torch: Inductor takes no custom partitioner
         return object
-
-
-def _infeasible_in(err: BaseException) -> InfeasibleBudgetError | None:
-    """The `InfeasibleBudgetError` a compile raised, as raised or inside what AOTAutograd or
-    Inductor wrapped it in (None: the compile failed otherwise)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, InfeasibleBudgetError):
-            return current
-        seen.add(id(current))
-        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
-    return None
 
 
 class RematPartitioner(_partitioner_base()):

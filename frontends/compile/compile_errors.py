@@ -13,7 +13,7 @@ attributes are the original's, and the traceback ends at the backend's entry.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from frontends.torch_compat import dynamo_config, dynamo_shorten_traceback
 
@@ -31,14 +31,20 @@ def planning_errors() -> Iterator[None]:
         raise
 
 
-def _own_error(err: BaseException | None) -> BaseException | None:
+def error_in_chain(err: BaseException | None, matches: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception that ``matches``, from ``err`` through what wrapped it (dynamo's
+    ``inner_exception``, then ``__cause__`` / ``__context__``); None when none does."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if getattr(err, _TAG, False):
+        if matches(err):
             return err
         err = getattr(err, "inner_exception", None) or err.__cause__ or err.__context__
     return None
+
+
+def _own_error(err: BaseException | None) -> BaseException | None:
+    return error_in_chain(err, lambda e: getattr(e, _TAG, False))
 
 
 def _original_message(self: BaseException) -> str:
