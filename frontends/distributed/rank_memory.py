@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from frontends.measure.loop import state_tensors
 from frontends.measure.resize_tracker import track_live_memory_with_resizes
 
 
@@ -106,8 +107,7 @@ def measured_rank_loop(wrapped: torch.nn.Module, batch: tuple, optimizer: torch.
     for iteration in range(iterations):
         gc.collect()
         resident = extra_resident_bytes + _storage_bytes(
-            (*wrapped.parameters(), *wrapped.buffers(), *batch,
-             *(t for state in optimizer.state.values() for t in state.values())))
+            (*wrapped.parameters(), *wrapped.buffers(), *batch, *state_tensors(optimizer)))
         if iteration < warmup:  # not an iteration the plan models (see the docstring): not tracked
             _iteration(wrapped, batch, optimizer, grad_accumulation, no_sync, lambda: None)
             continue
@@ -118,10 +118,9 @@ def measured_rank_loop(wrapped: torch.nn.Module, batch: tuple, optimizer: torch.
         forward_backward.extend(marks[:-1])
         steps.append(marks[-1])
         peaks.append(max(marks))
-    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     return RankLoopMeasurement(peak_bytes=max(peaks), iteration_peaks=tuple(peaks),
                                forward_backward_peak_bytes=max(forward_backward), step_peak_bytes=max(steps),
-                               optimizer_state_bytes=_storage_bytes(state))
+                               optimizer_state_bytes=_storage_bytes(state_tensors(optimizer)))
 
 
 def _iteration(wrapped: torch.nn.Module, batch: tuple, optimizer: torch.optim.Optimizer, grad_accumulation: int,
