@@ -59,6 +59,7 @@ from frontends.guards.hf_training import (
 )
 from frontends.guards.sharding import check_no_sharded_submodules
 from frontends.guards.user_code import is_user_file
+from frontends.measure.calibration import calibrate
 from frontends.measure.costs import FLOPS_MODEL, CostModel, op_bytes_moved, op_flops
 from frontends.split.mlp_split import MlpSplits, split_mlps
 from frontends.split.row_split import RowSplit, check_chunks
@@ -385,6 +386,8 @@ def build_remat_graph(
     or tangents; each op's outputs with a storage of their own become values (`_op_values`), in
     the phase `_Phases` gives them; aliases map to the value they share a storage with."""
     sizes = sizes or SymbolSizes()
+    if cost_model.calibrate:
+        cost_model = calibrate(gm, cost_model, sizes)
     claims = _StorageClaims(sizes)
     nodes: list[Node] = []
     phases = _Phases(gm)

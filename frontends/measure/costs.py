@@ -8,10 +8,12 @@ GPU can be made on a laptop; ``profile`` stands for measured times (`frontends.m
 ``flop-count`` is not a roofline: it prices an op by the FLOPs torch's ``FlopCounterMode``
 counts, so pointwise recomputation is (nearly) free, for users whose budget is FLOPs, not time.
 
-``device`` prices time on the device the model lives on (`device_model`): on a GPU the
-datasheet roofline of the one CUDA names, on the CPU rates measured here once per process
-(`calibrated_cpu_model`); both add a fixed cost per kernel (a launch) and price a causal SDPA
-kernel at half its FLOPs (flash and memory-efficient kernels skip the masked half). ``auto`` (the
+``device`` prices time on the device the model lives on (`device_model`): each op of the captured
+step is timed alone there and priced at its time; ops not timed get a roofline fitted to the timed
+ones (`frontends.measure.calibration`), which starts from the datasheet roofline of the GPU CUDA
+names or, on the CPU, rates measured here once per process (`calibrated_cpu_model`), with a fixed
+cost per kernel (a launch) and a causal SDPA kernel at half its FLOPs (flash and memory-efficient
+kernels skip the masked half). ``auto`` (the
 default) is ``device`` for a model on a GPU and ``flops`` elsewhere, so CPU plans stay the same
 on every machine.
 """
@@ -51,6 +53,9 @@ class CostModel:
     cost more than their bytes say."""
     causal_attention: bool = False
     """Price a causal SDPA kernel (``is_causal=True``, square) at half its counted FLOPs."""
+    calibrate: bool = False
+    """Before a joint graph is priced, time its ops on their device and price by those times, this
+    roofline fitted to them for the rest (`frontends.measure.calibration`)."""
 
     def seconds(self, flops: float, bytes_moved: float) -> float:
         if self.bytes_weight is not None:
@@ -136,7 +141,9 @@ def is_square_causal_attention(node: torch.fx.Node) -> bool:
 def device_model(device: torch.device, dtype: torch.dtype = torch.float32) -> CostModel:
     """``device``: time on ``device``. A GPU CUDA names that `frontends.measure.devices` knows gets
     its datasheet roofline (TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says) plus
-    `GPU_LAUNCH_S` a kernel; the CPU gets `calibrated_cpu_model`."""
+    `GPU_LAUNCH_S` a kernel; the CPU gets `calibrated_cpu_model`. Either is only where pricing
+    starts: ``calibrate`` is set, so a captured graph's ops are timed on the device and priced by
+    those times (`frontends.measure.calibration`)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         product = torch.cuda.get_device_name(index)
@@ -147,7 +154,7 @@ def device_model(device: torch.device, dtype: torch.dtype = torch.float32) -> Co
         tf32 = dtype == torch.float32 and bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         roofline = roofline_model(spec.name, dtype, tf32=tf32)
         return CostModel(name=f"device:{spec.name}", peak_flops=roofline.peak_flops,
-                         bandwidth=roofline.bandwidth, launch_s=GPU_LAUNCH_S, causal_attention=True)
+                         bandwidth=roofline.bandwidth, launch_s=GPU_LAUNCH_S, causal_attention=True, calibrate=True)
     if device.type == "cpu":
         return calibrated_cpu_model(dtype, torch.get_num_threads())
     raise ValueError(f"cost_model='device' prices time on a CPU or a CUDA GPU, not on {device.type!r}: "
@@ -159,14 +166,15 @@ def calibrated_cpu_model(dtype: torch.dtype, threads: int) -> CostModel:
     """``device`` on the CPU: FLOP/s of a 512 x 512 matmul, bytes/s of a 64 MiB copy and the
     time of a one-element add (an op's dispatch), each the best of a few runs, measured once per
     process, dtype and thread count (about 0.2 s)."""
-    a = torch.randn(512, 512).to(dtype)
+    with torch.random.fork_rng(devices=[]):  # the user's random stream does not move
+        a = torch.randn(512, 512).to(dtype)
     big = torch.empty(16 * 2**20, dtype=torch.float32)
     one = torch.ones(1)
     flops_s = 2 * 512**3 / _best_seconds(lambda: torch.mm(a, a), 5)
     bytes_s = 2 * big.numel() * big.element_size() / _best_seconds(big.clone, 5)
     launch = _best_seconds(lambda: torch.add(one, one), 200)
     return CostModel(name="device:cpu", peak_flops=flops_s, bandwidth=bytes_s, launch_s=launch,
-                     causal_attention=True)
+                     causal_attention=True, calibrate=True)
 
 
 def _best_seconds(run, repeats: int) -> float:

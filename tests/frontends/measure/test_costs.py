@@ -174,7 +174,7 @@ def test_auto_prices_time_on_the_gpu_and_flops_elsewhere(monkeypatch) -> None:
     monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=False))
     h100 = cost_model_from_name("auto", device=torch.device("cuda"))
     assert h100 == CostModel(name="device:h100", peak_flops=67e12, bandwidth=3350e9,
-                             launch_s=GPU_LAUNCH_S, causal_attention=True)
+                             launch_s=GPU_LAUNCH_S, causal_attention=True, calibrate=True)
     assert cost_model_from_name("device", dtype=torch.bfloat16, device=torch.device("cuda:0")).peak_flops == 989.5e12
     monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=True))
     assert cost_model_from_name("auto", device=torch.device("cuda")).peak_flops == 494.5e12
