@@ -20,6 +20,7 @@ import inspect
 import json
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -202,6 +203,38 @@ def recomputes_batch_norm(save: tuple[tuple[str, tuple[int, ...]], ...],
     """Whether a region reruns some batch norm call (the policy keeps fewer than it makes)."""
     kept = dict(save)
     return any(len(kept.get(op, ())) < n for op, n in expected_ops if op in EAGER_BATCH_NORMS)
+
+
+NOMINAL_POLICY_OP_S = 8e-6
+"""Seconds a selective-checkpoint policy adds per forward op call (its Python dispatch mode), as
+`policy_op_seconds` measured it on one core of a 2-core x86_64 VM (2026-12-06): what plans priced
+on a GPU's datasheet roofline (``roofline:*``) charge, so they stay the same on every machine."""
+
+
+@functools.cache
+def policy_op_seconds() -> float:
+    """Seconds a policy adds per op call of a region, measured here once per process: a chain of
+    400 small ops under non-reentrant ``checkpoint`` with and without a policy that recomputes
+    everything (forward and rerun both go through the mode), best of 5 steps each."""
+    def chain(x):
+        for _ in range(200):
+            x = x * 1.0001 + 0.0001
+        return x
+
+    def recompute(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def step(context_fn) -> float:
+        with torch.random.fork_rng(devices=[]):
+            x = torch.ones(16, requires_grad=True)
+            start = time.perf_counter()
+            checkpoint(chain, x, use_reentrant=False, **context_fn).sum().backward()
+            return time.perf_counter() - start
+
+    policy = {"context_fn": functools.partial(create_selective_checkpoint_contexts, recompute)}
+    plain = min(step({}) for _ in range(5))
+    with_policy = min(step(policy) for _ in range(5))
+    return max(with_policy - plain, 0.0) / (2 * 400)
 
 
 def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list | None = None,

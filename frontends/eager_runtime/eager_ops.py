@@ -24,7 +24,12 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from frontends.capture.costed_capture import capture_with_costs
 from frontends.capture.step import CapturedStep
-from frontends.eager_runtime.eager_checkpoint import EAGER_BATCH_NORMS, is_in_place
+from frontends.eager_runtime.eager_checkpoint import (
+    EAGER_BATCH_NORMS,
+    NOMINAL_POLICY_OP_S,
+    is_in_place,
+    policy_op_seconds,
+)
 from frontends.torch_compat import TorchDispatchMode, tree_leaves
 from solvers.ir.graph import Phase, RematGraph
 from solvers.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
@@ -239,12 +244,20 @@ def region_keys(graph: RematGraph, path: str, overloads: frozenset[str] = frozen
 
 
 def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> list[RegionCandidate]:
-    """Every submodule called once per step, with the graph values its policy can keep."""
+    """Every submodule called once per step, with the graph values its policy can keep and what
+    a policy costs it: `policy_op_seconds` per eager op call when the graph is priced in measured
+    time, `NOMINAL_POLICY_OP_S` on a GPU's roofline, nothing where it is priced in FLOPs."""
     region_ops: dict[str, list[str]] = defaultdict(list)
     for op, stack in trace.ops:
         for path in stack:
             region_ops[path].append(op)
     found: list[RegionCandidate] = []
+    if graph.cost_model.startswith("device") or graph.cost_model == "profile":
+        per_op = policy_op_seconds()  # measured time: the host's own overhead
+    elif graph.cost_model.startswith("roofline:"):
+        per_op = NOMINAL_POLICY_OP_S  # time on a GPU not at hand: a host like this one drives it
+    else:
+        per_op = 0.0  # FLOPs on a nominal device: no Python to price
     for path, _module in root.named_modules():
         if not path or trace.calls.get(path) != 1:
             continue
@@ -262,7 +275,7 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
         if any(is_in_place(op) and op not in state_updates for op in eager):
             mappable -= {m for first, (op, _) in keys.items() if op in state_updates
                          for m in graph.group_of(first)}
-        found.append(RegionCandidate(path, frozenset(mappable)))
+        found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op))
     return found
 
 

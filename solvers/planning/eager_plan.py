@@ -89,6 +89,10 @@ class RegionCandidate:
     mappable: frozenset[str]
     """IR values whose op the runtime recognises in the eager op stream of this region (same
     overload, same call index), so its policy can keep them (MUST_SAVE)."""
+    policy_s: float = 0.0
+    """What running the region's forward once under a selective-checkpoint policy adds (its ops
+    go through a Python dispatch mode); charged, forward plus rerun, to every option that keeps
+    something (a region that keeps nothing runs plain ``checkpoint``, without the mode)."""
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,7 @@ class RegionModel:
         self.graph = replayable_graph(graph, everything)
         self.regions = regions
         self.mappable = {c.path: c.mappable for c in candidates if c.path in regions}
+        self.policy_s = {c.path: c.policy_s for c in candidates if c.path in regions}
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -408,6 +413,8 @@ class RegionModel:
                 if g.group_of(v)[0] == v:
                     recompute.append(v)
             cost = sum(g[v].cost for v in recompute) if dropped or saved else 0.0
+            if saved:  # the policy's dispatch mode: the forward, and the ops rerun
+                cost += self.policy_s[path] * (1 + len(recompute) / len(values))
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
             # Kept values backward does not read are held longer than plain autograd holds them.
             held_longer = sum(g[v].bytes for v in saved

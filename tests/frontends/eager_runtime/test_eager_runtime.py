@@ -11,6 +11,7 @@ peak is within 2% of the measured one, and the CLI emits a plan.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 
@@ -328,6 +329,33 @@ def test_planner_schedules_simulate_within_budget():
         assert solution.extra_cost >= previous - 1e-15
         previous = solution.extra_cost
     assert all(isinstance(c, RegionCandidate) for c in found)
+
+
+def test_a_policy_is_charged_per_op_only_where_a_region_keeps_something():
+    """A region that keeps nothing runs plain checkpoint (no dispatch mode): its options cost the
+    same with or without a policy charge; one that keeps something costs its forward's charge
+    plus the rerun's share more."""
+    model, inputs = ToyNet().double(), toy_inputs(torch.float64)
+    captured = capture_for_eager(model, inputs, None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    trace = trace_eager(model, inputs)
+    found = candidates(graph, trace, model)
+    assert all(c.policy_s == 0 for c in found)  # priced in FLOPs: no Python overhead to charge
+    graph = with_holds(graph, held_values(graph, trace, found))
+    free = [dataclasses.replace(c, policy_s=0.0) for c in found]
+    charged = [dataclasses.replace(c, policy_s=1.0) for c in found]
+    without, with_policy = RegionModel(graph, free), RegionModel(graph, charged)
+    kept_something = 0
+    for path, options in with_policy.options.items():
+        for plain, option in zip(without.options[path], options):
+            assert (plain.option, plain.saved) == (option.option, option.saved)
+            if option.saved:
+                kept_something += 1
+                share = len(option.recompute_groups) / len(with_policy.regions[path])
+                assert option.extra_cost == pytest.approx(plain.extra_cost + 1.0 + share)
+            else:
+                assert option.extra_cost == plain.extra_cost
+    assert kept_something
 
 
 def test_an_autograd_node_frees_what_it_read_when_it_returns():
