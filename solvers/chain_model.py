@@ -14,6 +14,7 @@ Index 0 of every per-stage tuple stands for the step's inputs (resident, zero by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from solvers.baselines import forward_closure, store_all_schedule
@@ -338,3 +339,118 @@ def chain_model(graph: RematGraph, stages_per_unit: int = 1,
         fixed_before=tuple(before),
         backward_peak=tuple(peaks),
     )
+
+
+@dataclass(frozen=True)
+class TapeOptions:
+    """What a stage may keep of its tape between its advance and its backward, option by option.
+
+    Rotor keeps a stage's whole tape or none of it; on a CNN the tape is a convolution's output
+    (costly to recompute) beside a ReLU's (cheap per byte), and the cheap way
+    to save memory is to keep the first and recompute the second right before the backward
+    (what the bound's LP does). Option 0 keeps nothing, the last option the whole tape; between
+    them, the tape values whose group costs at least a threshold per byte (`cost_thresholds`).
+    Per option t and stage k: ``kept[t][k]``, its bytes, ``held_bytes`` (kept plus v[k]),
+    ``advance`` (stage k's path to v[k] keeping them, in backward), ``sweep`` (its transient in
+    the forward pass) and ``rest`` (the tape's other values, recomputed from v[k-1] and the
+    kept ones right before B[k])."""
+
+    kept: tuple[tuple[tuple[str, ...], ...], ...]
+    kept_bytes: tuple[tuple[int, ...], ...]
+    held_bytes: tuple[tuple[int, ...], ...]
+    advance: tuple[tuple[Recompute, ...], ...]
+    sweep: tuple[tuple[int, ...], ...]
+    rest: tuple[tuple[Recompute, ...], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.kept)
+
+
+def _density(graph: RematGraph) -> dict[str, float]:
+    """Cost per byte of each forward value's group: what dropping a byte of it costs to redo."""
+    out: dict[str, float] = {}
+    for members in graph.groups.values():
+        first = graph[members[0]]
+        if first.phase is Phase.FORWARD:
+            size = sum(graph[m].bytes for m in members)
+            for m in members:
+                out[m] = first.cost / size if size else float("inf")
+    return out
+
+
+def cost_thresholds(graph: RematGraph, count: int, boundaries: frozenset[str] = frozenset()
+                    ) -> tuple[float, ...]:
+    """Up to ``count`` cost-per-byte thresholds between the forward values backward reads (the
+    tapes' values; ``boundaries``, the articulation values, are a stage's input, not its tape),
+    at the widest gaps (ratio) between their distinct densities: the natural classes
+    (convolutions against element-wise ops), wherever they lie. Highest first (the smallest
+    kept sets first). None where the tapes hold one class (a tanh chain's): rotor's own two."""
+    density = _density(graph)
+    skip = pinned_values(graph) | boundaries
+    read = {v for n in graph.ops if n.phase is Phase.BACKWARD for v in n.inputs}
+    values = sorted({density[v] for v in read if v in density and v not in skip})
+    gaps = [(values[i + 1] / max(values[i], 1e-300), i) for i in range(len(values) - 1)
+            if values[i] > 0 and values[i + 1] > values[i] * 1.05]
+    chosen = sorted(gaps, reverse=True)[:count]
+    return tuple(sorted((math.sqrt(values[i] * values[i + 1]) for _, i in chosen), reverse=True))
+
+
+def tape_options(graph: RematGraph, model: ChainModel, thresholds: tuple[float, ...]) -> TapeOptions:
+    """The `TapeOptions` of ``model``: keep nothing, keep each tape's values of at least each
+    threshold's density, keep the whole tape."""
+    pinned = pinned_values(graph)
+    resident = resident_names(graph)
+    density = _density(graph)
+    n = model.n
+
+    def nbytes(names) -> int:
+        return sum(graph[v].bytes for v in set(names) if v)
+
+    kept: list[tuple[tuple[str, ...], ...]] = [tuple(() for _ in range(n + 1))]
+    for theta in thresholds:
+        kept.append(tuple(tuple(v for v in model.tape[k] if density.get(v, math.inf) >= theta)
+                          for k in range(n + 1)))
+    kept.append(model.tape)
+    empty = Recompute((), 0.0, 0)
+    advance, sweep, rest = [], [], []
+    for t, option in enumerate(kept):
+        adv, swp, rst = [empty], [0], [empty]
+        for k in range(1, n + 1):
+            if t == 0:
+                adv.append(model.advance[k])
+                swp.append(model.sweep[k])
+                rst.append(model.retape[k])
+                continue
+            if t == len(kept) - 1:
+                adv.append(model.advance_tape[k])
+                swp.append(model.sweep_tape[k])
+                rst.append(empty)
+                continue
+            base = pinned | resident | ({model.boundary[k - 1]} if model.boundary[k - 1] else set())
+            path = [model.boundary[k]] if model.boundary[k] else []
+            adv.append(_recompute(graph, path + list(option[k]), base, pinned))
+            own = [v for v in model.values[k] if v in pinned and graph[v].is_op]
+            swp.append(_recompute(graph, path + own + list(option[k]), base - set(own), pinned).peak)
+            rst.append(_recompute(graph, list(model.tape[k]), base | set(option[k]), pinned))
+        advance.append(tuple(adv))
+        sweep.append(tuple(swp))
+        rest.append(tuple(rst))
+    return TapeOptions(
+        kept=tuple(kept),
+        kept_bytes=tuple(tuple(nbytes(o[k]) for k in range(n + 1)) for o in kept),
+        held_bytes=(model.x_bytes, *(tuple(nbytes(list(o[k]) + [model.boundary[k]])
+                                           for k in range(n + 1)) for o in kept[1:-1]),
+                    model.held_bytes),
+        advance=tuple(advance), sweep=tuple(sweep), rest=tuple(rest))
+
+
+def whole_tape_options(model: ChainModel) -> TapeOptions:
+    """Rotor's own two options: keep nothing of a stage's tape, or all of it."""
+    empty = Recompute((), 0.0, 0)
+    return TapeOptions(
+        kept=(tuple(() for _ in model.tape), model.tape),
+        kept_bytes=(tuple(0 for _ in model.tape), model.tape_bytes),
+        held_bytes=(model.x_bytes, model.held_bytes),
+        advance=(model.advance, model.advance_tape), sweep=(model.sweep, model.sweep_tape),
+        rest=(model.retape, tuple(empty for _ in model.tape)))

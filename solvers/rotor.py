@@ -16,6 +16,14 @@ rounded up, the budget down, so a DP-feasible schedule fits the model; the sched
 simulated, and the DP budget lowered when the graph breaks the model). ``q`` is chosen by
 `memory_step`.
 
+Beyond rotor's two choices for what an advance keeps of stage j's tape (all or none), the DP
+takes partial ones (`solvers.chain_model.TapeOptions`, ``TAPE_THRESHOLDS``): the tape values
+that cost most to recompute per byte (a convolution's output, not its ReLU's), the rest
+recomputed from them right before B[j]; ``top`` then says which option of stage b's tape is
+live. The two original options are among them, so the DP's optimum can only improve; on a
+generated 150-layer ResNet it costs 1.27 a step at 1.5x the floor where the whole-tape DP
+costs 1.34 (`benchmarks/exact_scale.md`).
+
 A chain too long for that work within the time limit (1,000 time steps: 1,004 stages x 251
 levels) is solved over super-stages of consecutive stages (`solvers.chain_model.coarsen`),
 as few per super-stage as the work limit and ``WORK_PER_SECOND`` allow: exact within the
@@ -26,13 +34,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from functools import reduce
 
 import numpy as np
 
 from solvers.base import SolveResult, SolverOptions, SolveStatus
 from solvers.baselines import forward_closure, store_all_schedule
-from solvers.chain_model import ChainModel, chain_model
+from solvers.chain_model import ChainModel, TapeOptions, chain_model, cost_thresholds, tape_options, whole_tape_options
 from solvers.ir.graph import Phase, RematGraph
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
@@ -67,38 +76,39 @@ def memory_step(model: ChainModel, budget_bytes: int, max_levels: int = MAX_LEVE
 
 
 class RotorDP:
-    """The DP of the module docstring; tables over (a, b) hold vectors over free units."""
+    """The DP of the module docstring; tables over (a, b) hold vectors over free units. ``top``
+    (which of stage b's tape is live) ranges over the tape options
+    (`solvers.chain_model.TapeOptions`; rotor's own: none or all of it)."""
 
-    def __init__(self, model: ChainModel, q: int, budget_bytes: int) -> None:
+    def __init__(self, model: ChainModel, q: int, budget_bytes: int,
+                 options: TapeOptions | None = None) -> None:
         m = self.m = model
+        o = self.o = options or whole_tape_options(model)
         n = self.n = model.n
+        T = self.T = o.count
         self.q = q
         self.levels = max(budget_bytes // q, 0) + 1
         self.free = np.arange(self.levels)
         u = self.units
         self.x = np.array([u(b) for b in m.x_bytes])
-        self.tape = np.array([u(b) for b in m.tape_bytes])
-        self.held = np.array([u(b) for b in m.held_bytes])
-        self.tape_is_output = np.array([set(m.tape[k]) <= {m.boundary[k]} for k in range(n + 1)])
+        self.kept = np.array([[u(b) for b in row] for row in o.kept_bytes], dtype=np.int64)
+        self.hold = np.array([[u(b) for b in row] for row in o.held_bytes], dtype=np.int64)
         adv = np.array([r.cost for r in m.advance])
         self.adv_prefix = np.concatenate([[0.0], np.cumsum(adv)])  # sum of advance[0..k-1]
-        self.adv_cost = adv
-        self.adv_tape_cost = np.array([r.cost for r in m.advance_tape])
-        # Peak of stepping through stage k from v[k-1] (carrying v[k-1] unless it is v[a]).
+        self.adv_cost = np.array([[r.cost for r in row] for row in o.advance])
+        # Peak of stepping through stage k from v[k-1] (carrying v[k-1] unless it is v[a]),
+        # per option (what of stage k's tape the step keeps).
         x = np.array(m.x_bytes, dtype=np.int64)
-        carry = np.concatenate([[0], x[:-1]])
-        self.step_bw = np.array([r.peak for r in m.advance], dtype=np.int64)
-        self.step_bw_tape = np.array([r.peak for r in m.advance_tape], dtype=np.int64)
-        self.step_fw = np.array(m.fixed_forward, dtype=np.int64) + np.array(m.sweep, dtype=np.int64)
-        self.step_fw_tape = (np.array(m.fixed_forward, dtype=np.int64)
-                             + np.array(m.sweep_tape, dtype=np.int64))
-        self.carry = carry
+        self.carry = np.concatenate([[0], x[:-1]])
+        self.step_bw = np.array([[r.peak for r in row] for row in o.advance], dtype=np.int64)
+        self.step_fw = (np.array(m.fixed_forward, dtype=np.int64)[None, :]
+                        + np.array(o.sweep, dtype=np.int64))
         L = self.levels
         # Tables padded on both sides of the levels (inf below 0, the top value above), so
         # that reading them at shifted levels is a single gather.
-        self.P = np.full((2, n + 1, n + 1, 3 * L), _INF, dtype=np.float32)
+        self.P = np.full((T, n + 1, n + 1, 3 * L), _INF, dtype=np.float32)
         self.S = self.P[..., L:2 * L]
-        self.choice = np.full((2, n + 1, n + 1, L), _BASE, dtype=np.int32)
+        self.choice = np.full((T, n + 1, n + 1, L), _BASE, dtype=np.int32)
         self.spine_P = np.full((n + 1, 3 * L), _INF, dtype=np.float32)
         self.spine = self.spine_P[:, L:2 * L]
         self.spine_choice = np.full((n + 1, self.levels), _THROUGH, dtype=np.int32)
@@ -106,19 +116,16 @@ class RotorDP:
     def units(self, nbytes: float) -> int:
         return math.ceil(nbytes / self.q)
 
-    def _needs(self, a: np.ndarray, js: np.ndarray, fixed: np.ndarray, forward: bool
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """Units each advance from v[a] to v[j] needs at its worst (without and with stage
-        j's tape kept), fixed bytes included; ``js`` is (A, D), a < j."""
-        step, step_tape = (self.step_fw, self.step_fw_tape) if forward else (self.step_bw,
-                                                                              self.step_bw_tape)
+    def _needs(self, a: np.ndarray, js: np.ndarray, fixed: np.ndarray, forward: bool) -> np.ndarray:
+        """Units each advance from v[a] to v[j] needs at its worst, per tape option kept at
+        v[j] (T, A, D), fixed bytes included; ``js`` is (A, D), a < j."""
+        step = self.step_fw if forward else self.step_bw
         carry = np.where(js - 1 > a[:, None], self.carry[js], 0)
-        through = step[js] + carry
+        through = step[0][js] + carry
         before = np.maximum.accumulate(through, axis=1)  # worst of stages a+1..j, shifted to
         before = np.concatenate([np.zeros((len(a), 1), np.int64), before[:, :-1]], axis=1)  # a+1..j-1
-        plain = np.maximum(before, through) + fixed[:, None]
-        tape = np.maximum(before, step_tape[js] + carry) + fixed[:, None]
-        return np.ceil(plain / self.q), np.ceil(tape / self.q)
+        need = np.maximum(before[None], step[:, js] + carry[None]) + fixed[None, :, None]
+        return np.ceil(need / self.q)
 
     def _write(self, padded: np.ndarray, index: tuple, values: np.ndarray) -> None:
         """Store ``values`` (..., levels) into the padded rows ``padded[index]``."""
@@ -142,32 +149,26 @@ class RotorDP:
         rows) and top units given: ``table``'s row ``rows[row, j - a - 1]`` is the part after
         v[j] (solve's j+1..b, or the spine), ``top_units[t][row]`` the units of stage b's tape
         if it is live."""
+        T = self.T
         js = a[:, None] + np.arange(1, span)[None, :]
-        need_plain, need_tape = self._needs(a, js, fixed, forward)
+        need = self._needs(a, js, fixed, forward)
         cost_between = self.adv_prefix[js] - self.adv_prefix[a + 1][:, None]  # stages a+1..j-1
-        output_tape = self.tape_is_output[js]
-        # (keep the tape while advancing, the left part starts with it live, for which j):
-        # a tape that is v[j] itself is live when the right part ends, so the left part may
-        # start from it for free; any other tape is live there only if it was kept.
-        options = ((False, False, np.ones(js.shape, bool)), (False, True, output_tape),
-                   (True, True, ~output_tape))
-        hold = np.concatenate([self.held[js] if keep else self.x[js] for keep, _, _ in options], 1)
-        need = np.concatenate([need_tape if keep else need_plain for keep, _, _ in options], 1)
-        usable = np.concatenate([u for _, _, u in options], 1)
+        # Option t: advance to v[j] keeping option t of stage j's tape (held while the part
+        # after v[j] is reversed), then reverse a+1..j starting with it live.
+        hold = np.concatenate([self.hold[t][js] for t in range(T)], 1)
+        need = np.concatenate(list(need), 1)
         if forward:
             cost = np.zeros(hold.shape)
         else:
-            cost = np.concatenate([cost_between + (self.adv_tape_cost[js] if keep
-                                                   else self.adv_cost[js])
-                                   for keep, _, _ in options], 1)
-        left_rows = np.concatenate([self._row(int(lt), a[:, None], js) for _, lt, _ in options], 1)
-        left_tape = np.concatenate([self.tape[js] * lt for _, lt, _ in options], 1)
-        valid = (self.free >= need[..., None]) & usable[..., None]
-        codes = np.concatenate([4 * js + 2 * keep + lt for keep, lt, _ in options], 1)
+            cost = np.concatenate([cost_between + self.adv_cost[t][js] for t in range(T)], 1)
+        left_rows = np.concatenate([self._row(t, a[:, None], js) for t in range(T)], 1)
+        left_tape = np.concatenate([self.kept[t][js] for t in range(T)], 1)
+        valid = self.free >= need[..., None]
+        codes = np.concatenate([T * js + t for t in range(T)], 1)
         results = []
         cost = cost.astype(np.float32)[..., None]
         for (table, right), units in zip(rights, top_units):
-            total = (self._gather(table, np.concatenate([right] * 3, 1), -hold)
+            total = (self._gather(table, np.concatenate([right] * T, 1), -hold)
                      + self._gather(self.P, left_rows, units[:, None] - left_tape) + cost)
             total = np.where(valid, total, _INF)
             arg = np.argmin(total, axis=1)  # (A, levels)
@@ -180,15 +181,17 @@ class RotorDP:
         """Fill the tables; False when the deadline passed first."""
         m, n = self.m, self.n
         fixed_before = np.array(m.fixed_before, dtype=np.int64)
-        for b in range(1, n + 1):  # one stage: recompute the tape if it is not live, run B[b]
-            for top in (0, 1):
-                need = self.units(m.backward_peak[b] - (m.tape_bytes[b] if top else 0))
+        T, o = self.T, self.o
+        for b in range(1, n + 1):  # one stage: recompute what of the tape is not live, run B[b]
+            for top in range(T):
+                need = self.units(m.backward_peak[b] - o.kept_bytes[top][b])
+                rest = o.rest[top][b]
                 cost = 0.0
-                if not top and m.tape[b]:
-                    need = max(need, self.units(m.fixed_before[b] + m.retape[b].peak))
-                    cost = m.retape[b].cost
+                if rest.order:
+                    need = max(need, self.units(m.fixed_before[b] + rest.peak))
+                    cost = rest.cost
                 self._write(self.P, (top, b - 1, b), np.where(self.free >= need, cost, _INF))
-        chunk = max(1, int(CHUNK // (3 * max(n, 1) * self.levels)))
+        chunk = max(1, int(CHUNK // (T * max(n, 1) * self.levels)))
         for span in range(2, n + 1):
             starts = np.arange(0, n - span + 1)
             for lo in range(0, len(starts), chunk):
@@ -196,8 +199,8 @@ class RotorDP:
                 b = a + span
                 js = a[:, None] + np.arange(1, span)[None, :]
                 bs = np.broadcast_to(b[:, None], js.shape)
-                rights = [(self.P, self._row(0, js, bs)), (self.P, self._row(1, js, bs))]
-                units = [np.zeros(len(a), np.int64), self.tape[b]]
+                rights = [(self.P, self._row(t, js, bs)) for t in range(T)]
+                units = [self.kept[t][b] for t in range(T)]
                 for top, (best, code) in enumerate(self._splits(a, span, rights, units,
                                                                 fixed_before[b], False)):
                     self._write(self.P, (top, a, b), best)
@@ -205,15 +208,16 @@ class RotorDP:
             if time.perf_counter() > deadline:
                 return False
         zero = np.zeros(1, np.int64)
+        full = T - 1
         for a in range(n - 1, -1, -1):
             row = np.array([a])
-            need_plain, need_tape = self._needs(row, np.arange(a + 1, n + 1)[None, :], zero, True)
-            best = np.where(self.free >= need_plain[0, -1], self.S[0, a, n], _INF)
+            need = self._needs(row, np.arange(a + 1, n + 1)[None, :], zero, True)
+            best = np.where(self.free >= need[0, 0, -1], self.S[0, a, n], _INF)
             choice = np.full(self.levels, _THROUGH, dtype=np.int32)
             if a == n - 1:  # the last stage keeps its tape across the boundary
-                need = max(need_tape[0, -1], self.units(m.fixed_before[n] + m.held_bytes[n]))
-                total = self._gather(self.P, np.array(self._row(1, a, n)), np.array(-self.tape[n]))
-                total = np.where(self.free >= need, total, _INF)
+                last = max(need[full, 0, -1], self.units(m.fixed_before[n] + o.held_bytes[full][n]))
+                total = self._gather(self.P, np.array(self._row(full, a, n)), np.array(-self.kept[full][n]))
+                total = np.where(self.free >= last, total, _INF)
                 better = total < best
                 best, choice = np.where(better, total, best), np.where(better, _LAST, choice)
             if n - a > 1:
@@ -233,6 +237,7 @@ class RotorDP:
         available = pinned | resident_names(graph)
         out: list[str] = []
         top_level = self.levels - 1
+        full = self.T - 1
         work: list = []
 
         def advance(targets) -> None:
@@ -258,36 +263,33 @@ class RotorDP:
                     continue
                 if code == _LAST:
                     available.update(m.tape[m.n])
-                    work.append(("solve", a, m.n, 1, f - int(self.tape[m.n])))
+                    work.append(("solve", a, m.n, full, f - int(self.kept[full][m.n])))
                     continue
                 b, top, top_units, forward = m.n, 0, 0, True
             else:
                 _, a, b, top, f = item
                 code = int(self.choice[top, a, b, f])
                 if code == _BASE:
-                    if not top and m.tape[b]:
+                    if top != full and m.tape[b]:  # what of the tape is not live
                         advance(m.tape[b])
                     for members in m.backward[b]:
                         out.extend(members)
                     drop(m.boundary[b], *m.tape[b])
                     continue
-                top_units, forward = int(self.tape[b]) if top else 0, False
-            j, keep, left_top = code // 4, bool(code & 2), bool(code & 1)
-            hold = int(self.held[j] if keep else self.x[j])
-            targets = [m.boundary[j], *(m.tape[j] if keep else ())]
+                top_units, forward = int(self.kept[top][b]), False
+            j, option = divmod(code, self.T)
+            hold = int(self.hold[option][j])
+            targets = [m.boundary[j], *self.o.kept[option][j]]
             if forward:
                 available.update(v for v in targets if v)
             else:
                 advance(targets)
             right = ("spine", j, f - hold) if forward else ("solve", j, b, top, f - hold)
-            shift = top_units - (int(self.tape[j]) if left_top else 0)
-            left = ("solve", a, j, int(left_top), min(f + shift, top_level))
+            shift = top_units - int(self.kept[option][j])
+            left = ("solve", a, j, option, min(f + shift, top_level))
 
-            def between(j=j, left_top=left_top) -> None:
-                if left_top:
-                    available.add(m.boundary[j])
-                else:
-                    drop(m.boundary[j], *m.tape[j])
+            def between(j=j, option=option) -> None:  # keep only what the left part starts with
+                drop(*({m.boundary[j], *m.tape[j]} - set(self.o.kept[option][j])))
 
             work.extend([left, between, right])  # popped: right, between, left
         return out
@@ -305,19 +307,29 @@ rest: simulating its schedules). The model itself takes seconds on a 10,000-step
 DP is sized after it, not from the whole limit."""
 
 
-def dp_work(stages: int, levels: int) -> float:
-    return stages ** 3 * levels * 2
+TAPE_THRESHOLDS = 2
+"""Partial-tape options between rotor's none and all (`solvers.chain_model.TapeOptions`): on
+`benchmarks/cnn_graph.resnet_like` they keep the convolutions' outputs and recompute the
+element-wise ops before each backward, which rotor's two options cannot (see
+`benchmarks/exact_scale.md`). The DP's work grows with the square of the options' count."""
 
 
-def fits_work_limit(stages: int, levels: int, work: float = WORK) -> bool:
+def dp_work(stages: int, levels: int, options: int = 2) -> float:
+    """Element operations of the DP: stages^3 / 6 splits x levels x (top, kept) option pairs
+    (at least rotor's original 6) x 2."""
+    return stages ** 3 * levels * 2 * max(options * options, 6) / 6
+
+
+def fits_work_limit(stages: int, levels: int, work: float = WORK, options: int = 2) -> bool:
     """Whether the DP over ``stages`` stages and ``levels`` memory levels is within its limits."""
-    return dp_work(stages, levels) <= work and (stages + 1) ** 2 * levels * 32 <= TABLE_BYTES
+    return (dp_work(stages, levels, options) <= work
+            and (stages + 1) ** 2 * levels * 16 * max(options, 2) <= TABLE_BYTES)
 
 
-def stages_per_unit(stages: int, levels: int, work: float) -> int:
+def stages_per_unit(stages: int, levels: int, work: float, options: int = 2) -> int:
     """Fewest consecutive stages per super-stage that bring the DP within ``work``."""
     size = 1
-    while size < stages and not fits_work_limit(math.ceil(stages / size), levels, work):
+    while size < stages and not fits_work_limit(math.ceil(stages / size), levels, work, options):
         size += 1
     return size
 
@@ -335,6 +347,64 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
     if store_sim.peak_bytes <= budget_bytes:
         return SolveResult("rotor", SolveStatus.HEURISTIC, store_all, store_sim.total_cost, None,
                            time.perf_counter() - start, "store-all fits the budget")
+    best, run = _solve_once(graph, budget_bytes, start, deadline)
+    if run is None or run.seconds > FIRST_RUN_SHARE * options.time_limit_s:
+        return best
+    stages = len(linearize(graph).stages)
+    plans = [(FINER_LEVELS * MAX_LEVELS, run.size)] if run.rounded else []
+    size = run.size
+    while size > 1:
+        size -= max(1, size // 3)
+        plans.append((MAX_LEVELS, size))
+    for levels_cap, size in plans:
+        levels = run.levels * levels_cap // MAX_LEVELS
+        ratio = dp_work(math.ceil(stages / size), levels) / dp_work(run.stages, run.levels)
+        predicted = run.seconds - run.dp_seconds + run.dp_seconds * ratio
+        if time.perf_counter() + predicted > start + FINER_SHARE * (deadline - start):
+            continue
+        other, _ = _solve_once(graph, budget_bytes, start, deadline, levels_cap, size)
+        if other.objective is not None and (best.objective is None or other.objective < best.objective):
+            best = other
+    return best
+
+
+FIRST_RUN_SHARE = 0.1
+"""The finer runs (`FINER_LEVELS`) follow only a first run that took at most this share of the
+time limit: a chain of tens of stages, not a long loop whose chain model alone takes seconds
+(there the DP stays sized by `WORK_PER_SECOND`, measured under load)."""
+FINER_SHARE = 0.6
+FINER_LEVELS = 4
+"""After the first DP (sized to the time limit), what else is tried, each while a run predicted
+from the first one's (its DP's fill scaled by the work) ends within ``FINER_SHARE`` of the time
+limit: this many times finer memory levels, then stages merged a third fewer at a time
+(3 -> 2 -> 1); the cheapest schedule wins. Neither family contains the other (rounding,
+super-stages' tapes): on `benchmarks/cnn_graph.resnet_like(150)` (18 s) at 1.5x its floor,
+1,024 levels cost 1.267 a step against 256 levels' 1.289, and at 1.2x only single stages fit
+(1.470). On the 1,000-step tanh loop (no partial options there) they cost up to 0.6 of the
+limit for 0.03% (10% of store-all)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What one DP run was sized to, and its seconds: to predict another's."""
+
+    size: int
+    stages: int
+    levels: int
+    seconds: float
+    dp_seconds: float
+    """Of ``seconds``, filling the DP's tables (the rest: measuring the chain, simulating)."""
+    rounded: bool
+    """Memory in ``budget / levels`` units (not a gcd of the byte counts: finer levels differ)."""
+
+
+def _solve_once(graph: RematGraph, budget_bytes: int, start: float, deadline: float,
+                max_levels: int = MAX_LEVELS, size: int | None = None
+                ) -> tuple[SolveResult, _Run | None]:
+    """Rotor's DP (with its tape options), by ``deadline``: stages merged ``size`` at a time
+    (None: as the time left allows), memory in at most ``max_levels`` levels."""
+    began_run = time.perf_counter()
+    forced = size
     lin = linearize(graph)
     top_bytes = int(budget_bytes * _HEADROOM)
 
@@ -345,35 +415,49 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
         return min(WORK, WORK_PER_SECOND * DP_TIME_SHARE * max(left, 0.0))
 
     value_gcd = reduce(math.gcd, (n.bytes for n in graph.ops if n.bytes > 0), 0)
-    guess = min(top_bytes // max(value_gcd, 1), MAX_LEVELS) + 1
-    size = stages_per_unit(len(lin.stages), guess, work_left())
+    guess = min(top_bytes // max(value_gcd, 1), max_levels) + 1
+    thresholds = cost_thresholds(graph, TAPE_THRESHOLDS, frozenset(lin.articulation))
+    T = len(thresholds) + 2
+    size = forced or stages_per_unit(len(lin.stages), guess, work_left(), T)
 
     def measured(size: int) -> tuple[ChainModel, int, int]:
         model = chain_model(graph, size, lin)
-        step = memory_step(model, top_bytes)
+        step = memory_step(model, top_bytes, max_levels)
         return model, step, top_bytes // step + 1
 
     began = time.perf_counter()
     model, step, levels = measured(size)
     took = time.perf_counter() - began
+    if forced is not None and not fits_work_limit(model.n, levels, options=T):
+        return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
+                           time.perf_counter() - start, "past the DP's work limit"), None
     # Measuring takes seconds on a long loop. When the DP no longer fits the time it left, or
     # the guess overstated the levels (a finer chain fits), measure once more, sized for the
     # time left after that measurement: re-sizing after every measurement chases the deadline.
-    resized = stages_per_unit(len(lin.stages), levels, work_left(reserve=took))
-    if resized < size or (resized > size and not fits_work_limit(model.n, levels, work_left())):
+    resized = stages_per_unit(len(lin.stages), levels, work_left(reserve=took), T)
+    if forced is not None:
+        pass
+    elif resized < size or (resized > size and not fits_work_limit(model.n, levels, work_left(), T)):
         again = measured(resized)
-        if resized > size or fits_work_limit(again[0].n, again[2], work_left()):
+        if resized > size or fits_work_limit(again[0].n, again[2], work_left(), T):
             size, (model, step, levels) = resized, again
-    while not fits_work_limit(model.n, levels) and model.n > 2:  # more levels than guessed
-        size = max(size + 1, stages_per_unit(len(lin.stages), levels, WORK))
+    while not fits_work_limit(model.n, levels, options=T) and model.n > 2:  # more levels than guessed
+        size = max(size + 1, stages_per_unit(len(lin.stages), levels, WORK, T))
         model, step, levels = measured(size)
-    if not fits_work_limit(model.n, levels):
+    if not fits_work_limit(model.n, levels, options=T):
         raise ValueError(f"rotor: {model.n} stages x {levels} memory levels is past its work "
                          f"limit ({WORK:.0e} element operations)")
-    dp = RotorDP(model, step, top_bytes)
+    dp = RotorDP(model, step, top_bytes, tape_options(graph, model, thresholds))
+
+    def run_info() -> _Run:
+        return _Run(size, model.n, levels, time.perf_counter() - began_run, filled - filling,
+                    step == max(1, math.ceil(top_bytes / max_levels)))
+
+    filling = time.perf_counter()
     if not dp.run(deadline):
         return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
-                           time.perf_counter() - start, "time limit reached while filling the DP")
+                           time.perf_counter() - start, "time limit reached while filling the DP"), None
+    filled = time.perf_counter()
     forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
     tried: dict[int, tuple[Schedule, SimulationResult] | None] = {}
     durations: list[float] = []
@@ -416,7 +500,7 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
         if timed_out:
             detail += " within the time limit"
         return SolveResult("rotor", SolveStatus.INFEASIBLE, None, None, None,
-                           time.perf_counter() - start, detail)
+                           time.perf_counter() - start, detail), run_info()
     # Higher levels are worth simulating only up to the first one at the DP's least cost.
     costs = dp.spine[0, level:]
     low, high = level, level + int(np.argmax(costs <= costs.min())) + 1
@@ -427,4 +511,4 @@ def solve_rotor(graph: RematGraph, budget_bytes: int, options: SolverOptions) ->
     stages = f"{model.n} stages" + (f" of {size}" if size > 1 else "")
     return SolveResult("rotor", SolveStatus.HEURISTIC, schedule, sim.total_cost, None,
                        time.perf_counter() - start,
-                       f"memory step {step} bytes; {stages}; DP budget {low * step} bytes")
+                       f"memory step {step} bytes; {stages}; DP budget {low * step} bytes"), run_info()
