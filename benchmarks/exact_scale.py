@@ -46,13 +46,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=150)
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--factors", type=float, nargs="+", default=list(FACTORS),
+                        help="budgets as multiples of the floor (a subset while iterating)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     graph = resnet_like(args.layers)
     floor = smallest_feasible_budget(graph, SolverOptions(time_limit_s=args.time_limit))
     base = graph.base_cost
     rows = []
-    for factor in FACTORS:
+    for factor in args.factors:
         budget = int(factor * floor.smallest_bytes)
         cells = []
         for new_rotor in (False, True):

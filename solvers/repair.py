@@ -81,6 +81,7 @@ class _Search:
         """Forward values a schedule may leave unsaved: saving one that only a recomputation
         reads (DenseNet's concatenation inputs) cuts that recomputation short."""
         self.simulations = 0
+        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
 
     def run(self, state: FamilyState) -> tuple[Schedule, SimulationResult]:
         schedule = state.schedule(self.graph)
@@ -202,3 +203,88 @@ def repair_to_budget(graph: RematGraph, budget_bytes: int, deadline: float,
     if not up_first and not search.out_of_time():
         up_from_lean()
     return min(found, key=lambda r: r.sim.total_cost, default=None)
+
+
+SWAP_DEMOTIONS = 6
+"""Most values a swap (`improve_schedule`) lowers to make room for the one it promotes."""
+SWAP_CANDIDATES = 6
+SWAP_SPREAD = 4
+"""Each demotion simulates ``SWAP_CANDIDATES`` values live at the peak, every ``SWAP_SPREAD``-th of
+them by least recomputation per byte (then graph order): many tie (a stage's ReLU outputs), and
+which of them is best depends on where in the step it is next read. Measured on resnet_like(150)
+at 2x its floor: the first six in graph order, or in reverse, end 0.5% apart."""
+
+
+def seed_state(graph: RematGraph, sim: SimulationResult) -> FamilyState:
+    """The family's state nearest a simulated schedule: what its forward leaves live is saved,
+    every recomputed value is held until its last reader (recompute-once). For rotor's
+    schedules on `benchmarks/cnn_graph.resnet_like` this is the same schedule: the family
+    then holds rotor's winner, and its per-value moves can leave rotor's stage structure."""
+    tables = _Search(graph, 0, 0.0)
+    return FamilyState(frozenset(sim.saved) & tables.recomputable, tables.recomputable, True)
+
+
+def improve_schedule(graph: RematGraph, budget_bytes: int, deadline: float,
+                     seed: Schedule) -> Repaired | None:
+    """Swaps from a fitting schedule (a chain solver's winner, `seed_state`): promote one
+    recomputed value to saved (the costliest recomputation first), then, while the peak is over
+    the budget and the swap still pays, demote a saved value live at the peak (down's rule, at
+    most `SWAP_DEMOTIONS`); keep the swap when it fits and is cheaper. Passes repeat while one
+    keeps a swap. Why: rotor keeps or drops a whole stretch's tape with its checkpoint, so on
+    resnet_like(150) at 2x its floor it recomputes every first-stage convolution; saving a few
+    of them in place of later stages' cheap ReLU outputs is what the bound LP does, and no single
+    promotion fits (forward's end is at the budget). None when the seed's state does not fit or
+    nothing cheaper than the seed is found; every schedule returned is simulated."""
+    search = _Search(graph, budget_bytes, deadline)
+    seed_sim = simulate(graph, seed)
+    state = seed_state(graph, seed_sim)
+    schedule, sim = search.run(state)
+    if sim.peak_bytes > budget_bytes:
+        return None
+    start_cost = min(sim.total_cost, seed_sim.total_cost)
+    improved = True
+    while improved and not search.out_of_time():
+        improved = False
+        counts = dict(sim.recomputed)
+        ranked = sorted((v for v in counts if v in search.recomputable and v not in state.saved),
+                        key=lambda v: (-(counts[v] - 1) * recompute_cost(graph, v), v))
+        for v in ranked:
+            if search.out_of_time():
+                break
+            found = _swap(search, state, sim, v)
+            if found is not None:
+                state, schedule, sim = found
+                improved = True
+    if sim.total_cost >= start_cost - 1e-12 * max(start_cost, 1.0):
+        return None
+    return Repaired(schedule, sim, state, "swap", search.simulations)
+
+
+def _swap(search: _Search, state: FamilyState, sim: SimulationResult,
+          v: str) -> tuple[FamilyState, Schedule, SimulationResult] | None:
+    """``v`` saved, then saved values live at the peak demoted to retained until it fits; the
+    result if it fits and costs less than ``sim``."""
+    graph = search.graph
+    trial = FamilyState(state.saved | {v}, state.retained, state.once)
+    schedule, result = search.run(trial)
+    for _ in range(SWAP_DEMOTIONS):
+        if result.peak_bytes <= search.budget or result.total_cost >= sim.total_cost:
+            break
+        if search.out_of_time():
+            return None
+        live = live_at(schedule, result.peak_step)
+        pool = sorted((w for w in trial.saved if w in live and w != v),
+                      key=lambda w: (-graph[w].bytes / recompute_cost(graph, w), search.position[w]))
+        best = None
+        for w in pool[:SWAP_SPREAD * SWAP_CANDIDATES:SWAP_SPREAD]:
+            lower = FamilyState(trial.saved - {w}, trial.retained | {w}, trial.once)
+            candidate, after = search.run(lower)
+            key = drop_rank(result, after, w)
+            if best is None or key > best[0]:
+                best = (key, lower, candidate, after)
+        if best is None:
+            return None
+        _, trial, schedule, result = best
+    if result.peak_bytes <= search.budget and result.total_cost < sim.total_cost - 1e-12 * max(sim.total_cost, 1.0):
+        return trial, schedule, result
+    return None
