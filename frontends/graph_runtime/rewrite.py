@@ -179,14 +179,15 @@ class _JointBuilder:
         op = self.by_name[graph[value].group]
         count = self.instance.get(value, 0)
         suffix = "" if count == 0 else "_recomputed" + ("" if count == 1 else f"_{count - 1}")
+        state = op.meta.get(RNG_STATE_META)
+        # read before the copy is made: a reloaded state's first read inserts its wait here
+        saved_state = self.read(self.by_name[state], tag) if count and state else None
         copy = self._copy(op, tag, op.name + suffix)
         copy.target = cpu_kernel(op)
         if tag == BACKWARD_TAG and op.target in _WITHOUT_STATS:
             copy.target, copy.args = _WITHOUT_STATS[op.target](copy.args)
-        state = op.meta.get(RNG_STATE_META)
-        if count and state:  # a recomputed random op draws what its first run drew
-            copy.args = (self.read(self.by_name[state], tag), state_device(self.by_name[state]),
-                         copy.target, *copy.args)
+        if saved_state is not None:  # a recomputed random op draws what its first run drew
+            copy.args = (saved_state, state_device(self.by_name[state]), copy.target, *copy.args)
             copy.target = replay
         if suffix:
             self.recomputed.append(copy.name)

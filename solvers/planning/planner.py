@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolveResult, SolverOptions, SolveStatus
@@ -20,6 +21,7 @@ from solvers.ir.schedule import Schedule, StepKind
 from solvers.ir.simulator import SimulationResult, simulate
 from solvers.offload import OffloadChoice
 from solvers.offload_exact import best_offloads
+from solvers.offload_shift import shifted_offloads
 from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_error, loop_budget, with_loop
 from solvers.remat_bound import base_cost_bound
 
@@ -84,9 +86,8 @@ def plan_graph(
             raise iteration_error(err, loop.held_bytes(graph)) from None
         result, infeasible = None, err
     if offload_link is not None:
-        choice = best_offloads(graph, solver_budget, offload_link, host_budget_bytes=host_budget,
-                                 seed=None if result is None else result.schedule,
-                                 deadline=time.perf_counter() + options.time_limit_s)
+        choice = offload_choice(graph, solver_budget, offload_link, host_budget, solver, options,
+                                 None if result is None else result.schedule)
         if _offload_wins(graph, choice, result):
             assert choice is not None
             plan = _offload_plan(graph, graph_budget, solver, store_all, choice, allocator, graph_nodes,
@@ -110,6 +111,32 @@ def plan_graph(
                  solve_time_s=result.solve_time_s, message=result.message)
     return with_loop(plan, loop, graph, allocator.planned_peak(end_bytes(sim)),
                      allocator.planned_peak(end_bytes(store_all)))
+
+
+SHIFT_SHARE = 0.5
+"""Share of the time limit the budget shift (`solvers.offload_shift`) may take before the local
+search (`solvers.offload_exact.best_offloads`) gets the rest."""
+
+
+def offload_choice(graph: RematGraph, solver_budget: int, link: Link, host_budget: int | None, solver: str,
+                    options: SolverOptions, seed: Schedule | None) -> OffloadChoice | None:
+    """The faster of two keep / recompute / offload searches: the solver's own schedule for a
+    larger budget with its earliest saved values offloaded (`shifted_offloads`), and the local
+    search in the saved-set family from the recompute-only schedule (`best_offloads`)."""
+    start = time.perf_counter()
+
+    def solve(budget_bytes: int, seconds: float) -> Schedule | None:
+        try:
+            return get_solver(solver)(graph, budget_bytes, replace(options, time_limit_s=seconds)).schedule
+        except InfeasibleBudgetError:
+            return None
+
+    shifted = shifted_offloads(graph, solver_budget, link, solve, host_budget_bytes=host_budget,
+                               deadline=start + SHIFT_SHARE * options.time_limit_s)
+    searched = best_offloads(graph, solver_budget, link, host_budget_bytes=host_budget, seed=seed,
+                             deadline=start + options.time_limit_s)
+    found = [c for c in (searched, shifted) if c is not None]
+    return min(found, key=lambda c: c.step_time_s, default=None)
 
 
 def _offload_wins(graph: RematGraph, choice: OffloadChoice | None, result: SolveResult | None) -> bool:

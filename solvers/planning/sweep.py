@@ -9,7 +9,7 @@ people know, so their points land on one Pareto plot:
 - budget-taking strategies (remat-opt's solver, chen-greedy, chain-dp, revolve, greedy) are
   planned at every budget: a curve; a budget they cannot meet is an ``infeasible`` point;
 - ``remat-opt+offload`` (only with a ``link``, issue 39) plans each budget like remat-opt, then
-  lets saved values go to host memory and back (`solvers.offload_exact.best_offloads`), keeping
+  lets saved values go to host memory and back (`solvers.planning.planner.offload_choice`), keeping
   the faster of the two as the planner does: beside remat-opt's row, the same budget with and
   without offload;
 - external schedules (PyTorch's min-cut partitioner at its own budgets, made by
@@ -36,9 +36,8 @@ from solvers.ir.graph import RematGraph
 from solvers.ir.link import Link, get_link
 from solvers.ir.schedule import Schedule
 from solvers.ir.simulator import SimulationResult, simulate
-from solvers.offload_exact import best_offloads
 from solvers.planning.parallel import map_forked
-from solvers.planning.planner import store_all_peak_bytes
+from solvers.planning.planner import offload_choice, store_all_peak_bytes
 
 REMAT_OPT = "remat-opt"
 FIXED_STRATEGIES = ("store-all", "recompute-all", "blocks", "chen")
@@ -370,19 +369,18 @@ def external_point(checked: RematGraph, ext: ExternalSchedule, allocator: Alloca
 
 def offload_point(graph: RematGraph, solver: str, budget: int, options: SolverOptions, allocator: AllocatorModel,
                   link: Link, host_budget: int | None = None, seed: SweepPoint | None = None) -> SweepPoint:
-    """``solver``'s plan at ``budget`` bytes with keep / recompute / offload: the offload search
-    (`best_offloads`) starts from the recompute-only schedule (``seed``, remat-opt's point at this
-    budget, or solved here), and the faster of the two is the point, as
-    `solvers.planning.planner.plan_graph` keeps it. A budget no recompute-only schedule meets may
-    still fit with offloads."""
+    """``solver``'s plan at ``budget`` bytes with keep / recompute / offload: the offload searches
+    (`solvers.planning.planner.offload_choice`: the budget shift and the local search) start from
+    the recompute-only schedule (``seed``, remat-opt's point at this budget, or solved here), and
+    the faster of the two is the point, as `solvers.planning.planner.plan_graph` keeps it. A budget
+    no recompute-only schedule meets may still fit with offloads."""
     start = time.perf_counter()
     rounded = allocator.apply(graph)
     solver_budget = allocator.solver_budget(budget)
     recompute = seed if seed is not None else plan_point(graph, OFFLOAD_STRATEGY, solver, budget, options, allocator)
     if recompute.status in (Status.FAILED, Status.NOT_APPLICABLE):
         return replace(recompute, strategy=OFFLOAD_STRATEGY)
-    choice = best_offloads(rounded, solver_budget, link, host_budget_bytes=host_budget, seed=recompute.schedule,
-                           deadline=time.perf_counter() + options.time_limit_s)
+    choice = offload_choice(rounded, solver_budget, link, host_budget, solver, options, recompute.schedule)
     solve_time_s = recompute.solve_time_s + time.perf_counter() - start
     plain_time = None if recompute.schedule is None else simulate(rounded, recompute.schedule).total_cost
     if choice is not None and (plain_time is None or (choice.offloaded and

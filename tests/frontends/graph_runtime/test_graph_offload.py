@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import time
 import weakref
 from typing import NamedTuple
 
@@ -23,10 +24,13 @@ from frontends.graph_runtime import offload_ops, rewrite
 from frontends.graph_runtime.remat_module import RematModule
 from frontends.graph_runtime.rewrite import RewriteError, build_scheduled_joint
 from optimizer import optimize
+from solvers import get_solver
+from solvers.base import SolverOptions
 from solvers.ir.graph import NodeKind, Phase
 from solvers.ir.schedule import Schedule, StepKind, compute, free, offload, reload
 from solvers.ir.simulator import SimulationResult, simulate
-from solvers.planning.planner import plan_graph
+from solvers.offload_shift import shifted_offloads
+from solvers.planning.planner import plan_for_schedule, plan_graph
 
 # ----------------------------------------------------------------- schedule editing
 
@@ -400,3 +404,31 @@ def test_a_smaller_batch_runs_the_offloaded_plan():
     assert [name for name, _ in variant.offloaded] == [name for name, _ in rm.plan.offloaded]
     assert variant.schedule.steps == rm.plan.schedule.steps and variant.link == rm.plan.link
     assert variant.predicted_peak_bytes < rm.plan.predicted_peak_bytes
+
+
+def test_a_budget_shifted_offload_plan_of_the_hierarchical_solver_trains_like_store_all():
+    """`solvers.offload_shift`: the hierarchical schedule for a larger budget with its first saved
+    values offloaded (recomputation in backward and copies together) runs as simulated."""
+    model, inputs = load_example("gpt", dropout=0.1)
+    captured = capture(clone(model), inputs)
+    graph = captured.graph
+    plain = plan_graph(graph, "60%", solver="hierarchical")
+
+    def solve(budget_bytes: int, seconds: float):
+        return get_solver("hierarchical")(graph, budget_bytes, SolverOptions(time_limit_s=seconds)).schedule
+
+    budget = plain.budget_bytes
+    choice = shifted_offloads(graph, budget, "pcie4", solve, deadline=time.perf_counter() + 60)
+    assert choice is not None and choice.offloaded and choice.result.recomputed
+    plan = plan_for_schedule(graph, choice.schedule, budget, plain, link="pcie4")
+    assert plan.predicted_peak_bytes <= budget and {v for v, _ in plan.offloaded} == set(choice.offloaded)
+    rm = RematModule(clone(model), captured, plan, inputs)
+    assert sorted(offloaded_names(rm)) == sorted(choice.offloaded)
+    reference = module_with(model, inputs).module
+    results = []
+    for module in (reference, rm):
+        torch.manual_seed(5)
+        results.append(train_step(module, inputs))
+    (ref_out, ref_grads), (out, grads) = results
+    assert torch.equal(ref_out[0], out[0])
+    assert max_relative_error(grads, ref_grads) <= 1e-10
