@@ -13,7 +13,6 @@ named GPU's memory.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from frontends.capture.step import CapturedStep
 from frontends.distributed.rank_loop import rank_training_loop
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.torch_compat import FakeTensor, tree_map
-from optimizer.split_plan import check_split, falls_back, plan_with_split, split_when_infeasible
+from optimizer.split_plan import check_split, falls_back, offload_or_split, plan_with_split, split_when_infeasible
 from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
@@ -162,7 +161,7 @@ def plan_without_hardware(
             captured, plan = split_when_infeasible(capture_split, plan_captured, captured, err, allocator)
         else:
             if plan.offloaded:
-                captured, plan = _offload_or_split(captured, plan, capture_split, plan_captured, recompute_only,
+                captured, plan = offload_or_split(captured, plan, capture_split, plan_captured, recompute_only,
                                                    budget, allocator)
     else:
         captured, plan = plan_with_split(capture_split, plan_captured, budget, split, allocator, split_mlp)
@@ -171,32 +170,6 @@ def plan_without_hardware(
     report = format_plan(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \
         f"plan {plan_s:.1f} s; nothing was allocated or run)"
     return MetaPlan(plan=plan, capture_s=capture_s, plan_s=plan_s, fx_nodes=fx_nodes, report=report)
-
-
-def _offload_or_split(unsplit: CapturedStep, offloaded: Plan, capture_split: Callable[[int, int], CapturedStep],
-                      plan_captured: Callable[[CapturedStep, str | int], Plan],
-                      recompute_only: Callable[[CapturedStep, str | int], Plan], budget: str | int,
-                      allocator) -> tuple[CapturedStep, Plan]:
-    """The unsplit step fits with offloads: where it fits no other way, splitting (what the planner
-    does without offload) is the other way to fit, and may well be cheaper (a tiny step cannot hide
-    a copy's latency), so the faster of the two is kept; where a recompute-only plan fits, the
-    planner already chose offload over it."""
-    try:
-        recompute_only(unsplit, budget)
-        return unsplit, offloaded
-    except InfeasibleBudgetError as err:
-        unsplit_error = err
-    try:
-        split_captured, split_plan = split_when_infeasible(capture_split, plan_captured, unsplit, unsplit_error,
-                                                           allocator)
-    except InfeasibleBudgetError:
-        return unsplit, offloaded
-    if split_plan.objective < offloaded.objective:
-        return split_captured, dataclasses.replace(split_plan, message="; ".join(filter(None, (
-            split_plan.message, f"the unsplit step fits only with offloads, and takes "
-                                f"{offloaded.objective:.4g} s that way"))))
-    return unsplit, dataclasses.replace(offloaded, message="; ".join(filter(None, (
-        offloaded.message, f"faster than splitting the step ({split_plan.objective:.4g} s)"))))
 
 
 @dataclass(frozen=True)

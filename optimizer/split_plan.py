@@ -10,6 +10,7 @@ whole-tensor plan fits (`split_when_infeasible`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from frontends.capture.step import CapturedStep
@@ -28,7 +29,7 @@ from solvers.planning.split_search import (
 )
 
 __all__ = ["SPLIT_CHOICES", "Candidate", "SplitInfeasibleError", "check_split", "chunks_of", "falls_back",
-           "plan_with_split", "split_when_infeasible"]
+           "offload_or_split", "plan_with_split", "split_when_infeasible"]
 
 
 def check_split(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -79,3 +80,29 @@ def split_when_infeasible(capture: Callable[[int, int], CapturedStep],
     naming the unsplit floor and the finest split's when that does not fit either."""
     choice = fallback_split(capture, plan, unsplit, unsplit_error, allocator, refused=RowSplitError)
     return choice.captured, choice.plan
+
+
+def offload_or_split(unsplit: CapturedStep, offloaded: Plan, capture_split: Callable[[int, int], CapturedStep],
+                     plan_captured: Callable[[CapturedStep, str | int], Plan],
+                     recompute_only: Callable[[CapturedStep, str | int], Plan], budget: str | int,
+                     allocator: AllocatorModel | None) -> tuple[CapturedStep, Plan]:
+    """The unsplit step fits with offloads: where it fits no other way, splitting (what the planner
+    does without offload) is the other way to fit, and may well be cheaper (a tiny step cannot hide
+    a copy's latency), so the faster of the two is kept; where a recompute-only plan fits, the
+    planner already chose offload over it."""
+    try:
+        recompute_only(unsplit, budget)
+        return unsplit, offloaded
+    except InfeasibleBudgetError as err:
+        unsplit_error = err
+    try:
+        split_captured, split_plan = split_when_infeasible(capture_split, plan_captured, unsplit, unsplit_error,
+                                                           allocator)
+    except InfeasibleBudgetError:
+        return unsplit, offloaded
+    if split_plan.objective < offloaded.objective:
+        return split_captured, dataclasses.replace(split_plan, message="; ".join(filter(None, (
+            split_plan.message, f"the unsplit step fits only with offloads, and takes "
+                                f"{offloaded.objective:.4g} s that way"))))
+    return unsplit, dataclasses.replace(offloaded, message="; ".join(filter(None, (
+        offloaded.message, f"faster than splitting the step ({split_plan.objective:.4g} s)"))))
