@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from solvers.ir.graph import Phase, RematGraph
 from solvers.ir.link import Link, get_link
-from solvers.ir.schedule import Schedule
+from solvers.ir.schedule import Schedule, StepKind
 from solvers.ir.simulator import SimulationResult, simulate
 from solvers.offload import OffloadChoice, saved_by
 from solvers.offload_placement import place_offloads
@@ -73,10 +73,12 @@ def shifted_offloads(graph: RematGraph, budget_bytes: int, link: Link | str, sol
 def _fewest_offloads(graph: RematGraph, schedule: Schedule, budget_bytes: int, link: Link,
                      host_budget_bytes: int | None
                      ) -> tuple[frozenset[str], Schedule, SimulationResult, int] | None:
-    """The shortest prefix (in forward order) of ``schedule``'s saved forward values whose offload
-    makes it fit, by bisection (offloading more lowers the boundary); None when all of them do not."""
-    order = sorted((v for v in saved_by(graph, schedule) if graph[v].phase is Phase.FORWARD),
-                   key=graph.position)
+    """The shortest prefix (in forward order) of ``schedule``'s saved forward values (those a
+    backward step reads: `place_offloads` takes no other) whose offload makes it fit, by bisection
+    (offloading more lowers the boundary); None when all of them do not."""
+    read_in_backward = {i for s in schedule.backward if s.kind is StepKind.COMPUTE for i in graph[s.node].inputs}
+    order = sorted((v for v in saved_by(graph, schedule)
+                    if graph[v].phase is Phase.FORWARD and v in read_in_backward), key=graph.position)
     tried = 0
 
     def attempt(k: int) -> tuple[Schedule, SimulationResult] | None:
