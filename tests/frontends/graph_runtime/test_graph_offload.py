@@ -371,6 +371,19 @@ def test_mlp_on_cuda_with_offloads_gives_eager_gradients():
     assert max_relative_error(grads, reference) <= 1e-10
 
 
+def assert_trains_like_store_all(rm: RematModule, model, inputs) -> None:
+    """One step of ``rm`` and of the store-all module from the same seed: the same loss (dropout
+    draws replayed) and gradients within 1e-10."""
+    reference = module_with(model, inputs).module
+    results = []
+    for module in (reference, rm):
+        torch.manual_seed(5)
+        results.append(train_step(module, inputs))
+    (ref_out, ref_grads), (out, grads) = results
+    assert torch.equal(ref_out[0], out[0])
+    assert max_relative_error(grads, ref_grads) <= 1e-10
+
+
 def test_planner_offload_plan_with_dropout_trains_like_store_all():
     """The planner's own keep / recompute / offload choice (``offload="auto"``) runs as planned."""
     model, inputs = load_example("gpt", dropout=0.1)
@@ -381,14 +394,7 @@ def test_planner_offload_plan_with_dropout_trains_like_store_all():
     made = {n.name.removesuffix("_offloaded") for gm in (rm.forward_graph, rm.backward_graph)
             for n in gm.graph.nodes if n.target is offload_ops.offload_done}
     assert made == {v for v, _ in plan.offloaded}
-    reference = module_with(model, inputs).module
-    results = []
-    for module in (reference, rm):
-        torch.manual_seed(5)
-        results.append(train_step(module, inputs))
-    (ref_out, ref_grads), (out, grads) = results
-    assert torch.equal(ref_out[0], out[0])
-    assert max_relative_error(grads, ref_grads) <= 1e-10
+    assert_trains_like_store_all(rm, model, inputs)
 
 
 def test_a_smaller_batch_runs_the_offloaded_plan():
@@ -424,11 +430,4 @@ def test_a_budget_shifted_offload_plan_of_the_hierarchical_solver_trains_like_st
     assert plan.predicted_peak_bytes <= budget and {v for v, _ in plan.offloaded} == set(choice.offloaded)
     rm = RematModule(clone(model), captured, plan, inputs)
     assert sorted(offloaded_names(rm)) == sorted(choice.offloaded)
-    reference = module_with(model, inputs).module
-    results = []
-    for module in (reference, rm):
-        torch.manual_seed(5)
-        results.append(train_step(module, inputs))
-    (ref_out, ref_grads), (out, grads) = results
-    assert torch.equal(ref_out[0], out[0])
-    assert max_relative_error(grads, ref_grads) <= 1e-10
+    assert_trains_like_store_all(rm, model, inputs)
