@@ -99,11 +99,12 @@ REPAIR_SHARE = 0.2
 its floor its LP-seeded starts take 2-3 s each (2 shared cores)."""
 REPAIR_SKIP_GAP = 0.01
 """The repair is skipped when the best schedule so far is within this gap of the bound."""
-SWAP_SHARE = 0.25
+SWAP_SHARE = 0.4
 """Share of the time limit for the swaps from a chain solver's winner (`solvers.repair.
 improve_schedule`, run before the near-floor repair when the best is a chain schedule more than
-`REPAIR_SKIP_GAP` from the bound): on resnet_like(150) at 2x its floor (about 10 ms a
-simulation) 10 s of them take rotor's 1.1835 to 1.178 (the bound: 1.158)."""
+`REPAIR_SKIP_GAP` from the bound): on resnet_like(150) (about 5 ms a simulation) its 12
+tie-break starts take ~17 s of the 24, and take rotor's 1.1835 to 1.1710 at 2x its floor (the
+bound: 1.158), 1.2670 to 1.2504 at 1.5x; the whole solve ended at 40 s with 15 s of swaps."""
 GREEDY_SHARE = 0.2
 """greedy simulates a few candidates per dropped value: cap it at this share of the limit."""
 

@@ -26,6 +26,8 @@ Every schedule is simulated; the result fits the budget or is None.
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -210,9 +212,20 @@ SWAP_DEMOTIONS = 6
 SWAP_CANDIDATES = 6
 SWAP_SPREAD = 4
 """Each demotion simulates ``SWAP_CANDIDATES`` values live at the peak, every ``SWAP_SPREAD``-th of
-them by least recomputation per byte (then graph order): many tie (a stage's ReLU outputs), and
-which of them is best depends on where in the step it is next read. Measured on resnet_like(150)
-at 2x its floor: the first six in graph order, or in reverse, end 0.5% apart."""
+them by least recomputation per byte, then the start's tie-break order: many tie (every add and
+ReLU output recomputes at one second per byte), and which of them is best depends on where in
+the step it is next read, which the per-demotion rank does not see."""
+SWAP_STARTS = 12
+"""Tie-break orders the swaps start from (graph order, reverse, then shuffles with fixed seeds
+1, 2, ...). Measured on resnet_like(150) at 2x its floor, one start each: 1.1708-1.1835 of
+store-all (graph order 1.1735, reverse 1.1835); the best of 12 is 1.1712."""
+SWAP_START_TRIES = 12
+"""Each start repeats passes over only this many costliest recomputations: the swaps that pay
+most come from the first few (the first stage's convolutions), a full pass takes ~8 s there."""
+SWAP_START_SIMULATIONS = 400
+"""Simulations one start may use (a start whose demotions keep failing stops here, ~2 s)."""
+SWAP_START_SHARE = 0.7
+"""Share of the swaps' time the starts may take; full passes from the best start get the rest."""
 
 
 def seed_state(graph: RematGraph, sim: SimulationResult) -> FamilyState:
@@ -224,17 +237,33 @@ def seed_state(graph: RematGraph, sim: SimulationResult) -> FamilyState:
     return FamilyState(frozenset(sim.saved) & tables.recomputable, tables.recomputable, True)
 
 
+def tie_orders(graph: RematGraph, count: int = SWAP_STARTS) -> list[dict[str, int]]:
+    """``count`` deterministic ranks of the graph's values (graph order, reverse, seeded
+    shuffles): which of the tied demotion candidates a swap tries, per start."""
+    names = [n.name for n in graph.nodes]
+    orders = [names, names[::-1]]
+    for k in range(1, count - 1):
+        shuffled = list(names)
+        random.Random(k).shuffle(shuffled)
+        orders.append(shuffled)
+    return [{v: i for i, v in enumerate(o)} for o in orders[:count]]
+
+
 def improve_schedule(graph: RematGraph, budget_bytes: int, deadline: float,
-                     seed: Schedule) -> Repaired | None:
+                     seed: Schedule, starts: int = SWAP_STARTS) -> Repaired | None:
     """Swaps from a fitting schedule (a chain solver's winner, `seed_state`): promote one
     recomputed value to saved (the costliest recomputation first), then, while the peak is over
     the budget and the swap still pays, demote a saved value live at the peak (down's rule, at
-    most `SWAP_DEMOTIONS`); keep the swap when it fits and is cheaper. Passes repeat while one
-    keeps a swap. Why: rotor keeps or drops a whole stretch's tape with its checkpoint, so on
-    resnet_like(150) at 2x its floor it recomputes every first-stage convolution; saving a few
-    of them in place of later stages' cheap ReLU outputs is what the bound LP does, and no single
-    promotion fits (forward's end is at the budget). None when the seed's state does not fit or
-    nothing cheaper than the seed is found; every schedule returned is simulated."""
+    most `SWAP_DEMOTIONS`); keep the swap when it fits and is cheaper. Why: rotor keeps or drops
+    a whole stretch's tape with its checkpoint, so on resnet_like(150) at 2x its floor it
+    recomputes every first-stage convolution; saving a few of them in place of later stages'
+    cheap ReLU and add outputs is what the bound LP does, and no single promotion fits.
+
+    Which tied value a demotion takes decides how many swaps fit later, so ``starts`` tie-break
+    orders (`tie_orders`) each search from the seed (`SWAP_START_TRIES`,
+    `SWAP_START_SIMULATIONS`), then full passes continue from the cheapest until ``deadline``.
+    None when the seed's state does not fit or nothing cheaper than the seed is found; every
+    schedule returned is simulated."""
     search = _Search(graph, budget_bytes, deadline)
     seed_sim = simulate(graph, seed)
     state = seed_state(graph, seed_sim)
@@ -242,28 +271,52 @@ def improve_schedule(graph: RematGraph, budget_bytes: int, deadline: float,
     if sim.peak_bytes > budget_bytes:
         return None
     start_cost = min(sim.total_cost, seed_sim.total_cost)
-    improved = True
-    while improved and not search.out_of_time():
-        improved = False
-        counts = dict(sim.recomputed)
-        ranked = sorted((v for v in counts if v in search.recomputable and v not in state.saved),
-                        key=lambda v: (-(counts[v] - 1) * recompute_cost(graph, v), v))
-        for v in ranked:
-            if search.out_of_time():
-                break
-            found = _swap(search, state, sim, v)
-            if found is not None:
-                state, schedule, sim = found
-                improved = True
+    begin = time.perf_counter()
+    starts_end = begin + SWAP_START_SHARE * max(deadline - begin, 0.0)
+    best = None
+    for order in tie_orders(graph, max(1, starts)):
+        if best is not None and time.perf_counter() > starts_end:
+            break
+        limit = search.simulations + SWAP_START_SIMULATIONS
+        found = _passes(search, (state, schedule, sim), order, SWAP_START_TRIES, limit)
+        if best is None or found[2].total_cost < best[0][2].total_cost:
+            best = (found, order)
+        if search.out_of_time():
+            break
+    (state, schedule, sim), order = best
+    state, schedule, sim = _passes(search, (state, schedule, sim), order)
     if sim.total_cost >= start_cost - 1e-12 * max(start_cost, 1.0):
         return None
     return Repaired(schedule, sim, state, "swap", search.simulations)
 
 
-def _swap(search: _Search, state: FamilyState, sim: SimulationResult,
-          v: str) -> tuple[FamilyState, Schedule, SimulationResult] | None:
+def _passes(search: _Search, current: tuple[FamilyState, Schedule, SimulationResult],
+            order: dict[str, int], tries: int | None = None,
+            simulations: float = math.inf) -> tuple[FamilyState, Schedule, SimulationResult]:
+    """Passes of swaps over the ``tries`` costliest recomputations (all: None), repeated while
+    one keeps a swap, until ``simulations`` or the deadline."""
+    graph = search.graph
+    state, schedule, sim = current
+    improved = True
+    while improved and not search.out_of_time() and search.simulations < simulations:
+        improved = False
+        counts = dict(sim.recomputed)
+        ranked = sorted((v for v in counts if v in search.recomputable and v not in state.saved),
+                        key=lambda v: (-(counts[v] - 1) * recompute_cost(graph, v), v))
+        for v in ranked[:tries]:
+            if search.out_of_time() or search.simulations >= simulations:
+                break
+            found = _swap(search, state, sim, v, order)
+            if found is not None:
+                state, schedule, sim = found
+                improved = True
+    return state, schedule, sim
+
+
+def _swap(search: _Search, state: FamilyState, sim: SimulationResult, v: str,
+          order: dict[str, int]) -> tuple[FamilyState, Schedule, SimulationResult] | None:
     """``v`` saved, then saved values live at the peak demoted to retained until it fits; the
-    result if it fits and costs less than ``sim``."""
+    result if it fits and costs less than ``sim``. ``order`` breaks ties among candidates."""
     graph = search.graph
     trial = FamilyState(state.saved | {v}, state.retained, state.once)
     schedule, result = search.run(trial)
@@ -274,12 +327,12 @@ def _swap(search: _Search, state: FamilyState, sim: SimulationResult,
             return None
         live = live_at(schedule, result.peak_step)
         pool = sorted((w for w in trial.saved if w in live and w != v),
-                      key=lambda w: (-graph[w].bytes / recompute_cost(graph, w), search.position[w]))
+                      key=lambda w: (-graph[w].bytes / recompute_cost(graph, w), order[w]))
         best = None
         for w in pool[:SWAP_SPREAD * SWAP_CANDIDATES:SWAP_SPREAD]:
             lower = FamilyState(trial.saved - {w}, trial.retained | {w}, trial.once)
             candidate, after = search.run(lower)
-            key = drop_rank(result, after, w)
+            key = (*drop_rank(result, after, w)[:3], -order[w])
             if best is None or key > best[0]:
                 best = (key, lower, candidate, after)
         if best is None:
