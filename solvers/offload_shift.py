@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from solvers.ir.graph import Phase, RematGraph
 from solvers.ir.link import Link, get_link
@@ -67,7 +68,7 @@ def shifted_offloads(graph: RematGraph, budget_bytes: int, link: Link | str, sol
                                  chosen_by=f"budget shift (+{shift:,} B planned, then offloaded)")
     if best is None:
         return None
-    return OffloadChoice(best.schedule, best.result, best.saved, best.offloaded, link, evaluations, best.chosen_by)
+    return replace(best, evaluations=evaluations)
 
 
 def _fewest_offloads(graph: RematGraph, schedule: Schedule, budget_bytes: int, link: Link,

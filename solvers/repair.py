@@ -83,7 +83,6 @@ class _Search:
         """Forward values a schedule may leave unsaved: saving one that only a recomputation
         reads (DenseNet's concatenation inputs) cuts that recomputation short."""
         self.simulations = 0
-        self.position = {n.name: i for i, n in enumerate(graph.nodes)}
 
     def run(self, state: FamilyState) -> tuple[Schedule, SimulationResult]:
         schedule = state.schedule(self.graph)
@@ -233,8 +232,12 @@ def seed_state(graph: RematGraph, sim: SimulationResult) -> FamilyState:
     every recomputed value is held until its last reader (recompute-once). For rotor's
     schedules on `benchmarks/cnn_graph.resnet_like` this is the same schedule: the family
     then holds rotor's winner, and its per-value moves can leave rotor's stage structure."""
-    tables = _Search(graph, 0, 0.0)
-    return FamilyState(frozenset(sim.saved) & tables.recomputable, tables.recomputable, True)
+    return _seed_state(_Search(graph, 0, 0.0), sim)
+
+
+def _seed_state(search: _Search, sim: SimulationResult) -> FamilyState:
+    """`seed_state` with the search's tables (built once per search)."""
+    return FamilyState(frozenset(sim.saved) & search.recomputable, search.recomputable, True)
 
 
 def tie_orders(graph: RematGraph, count: int = SWAP_STARTS) -> list[dict[str, int]]:
@@ -266,7 +269,7 @@ def improve_schedule(graph: RematGraph, budget_bytes: int, deadline: float,
     schedule returned is simulated."""
     search = _Search(graph, budget_bytes, deadline)
     seed_sim = simulate(graph, seed)
-    state = seed_state(graph, seed_sim)
+    state = _seed_state(search, seed_sim)
     schedule, sim = search.run(state)
     if sim.peak_bytes > budget_bytes:
         return None
