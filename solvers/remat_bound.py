@@ -26,6 +26,13 @@ Rules every schedule obeys, hence constraints:
    after j needs each op input live at j or itself computed after j (followed ``_DEPTH`` ops
    back; older sources count as free, which only loosens). What is live at j fits the budget.
    This charges a recomputed value's sources while they wait, which rules 2-4 do not.
+6. second runs (at the same backward snapshots): a value backward read at or before j that
+   was not live at B0 was computed in backward before j, and so was each of its op inputs
+   that was not live at B0 (and theirs, as far as rule 5 follows them). Such a value that is
+   also computed after j (rule 5's choice instead of holding it across j) ran twice in
+   backward: ``twice[g]`` pays its group's cost once more. On a chain this is the choice
+   between holding a recomputed segment's early values and recomputing them again, which
+   rules 1-5 price as free (``again`` counts one backward run however many there are).
 Cost: every op of the (pruned) graph runs at least once, plus ``again[g] * cost[g]`` for each
 group forward must run (ancestors of forward outputs and run-once ops), plus ``redo``. Rule 2
 is what makes the bound useful on transformers: dropping a softmax output costs the whole
@@ -84,12 +91,14 @@ def base_cost_bound(graph: RematGraph, why: str) -> BoundResult:
 
 def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0,
                 snapshots: int = 32, primal_simplex: bool = False,
-                deadline: float = math.inf) -> BoundResult:
+                deadline: float = math.inf, second_runs: bool = True) -> BoundResult:
     """The LP bound of the module docstring (see there for why each constraint is valid).
 
     ``primal_simplex``: solve the LP with the primal simplex (same optimum; faster on long
     chains, see `solvers.hierarchical.LONG_CHAIN_SNAPSHOTS`). ``deadline`` (a
-    `time.perf_counter()` instant): when the bound must be known, the LP's build included. A
+    `time.perf_counter()` instant): when the bound must be known, the LP's build included.
+    ``second_runs``: rule 6's rows (they tighten only with many snapshots: measured on a
+    1,000-step loop with 4 snapshots they cost a third more time and moved nothing). A
     10,000-step loop's LP has 12-13 million coefficients: building it took over a minute, and
     HiGHS took 35 s to set it up before its time limit could act. So the build stops at the
     deadline, an LP the time left cannot set up (`LP_SETUP_RATE`) is not started, both with
@@ -110,7 +119,9 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
     lp = LinearProgram()
     forward = _add_forward_rows(lp, graph, reads, budget_bytes)
     sweep = _sweep_backward(lp, graph, reads)
-    worst = max(sweep.fixed_at, default=0)
+    # Bytes live in every schedule: a backward value read across j may be recomputed instead.
+    worst = max((fixed + int(sum(redo.values()))
+                 for fixed, redo in zip(sweep.fixed_at, sweep.redo_terms)), default=0)
     if worst > budget_bytes:
         return BoundResult(math.inf, base, worst, True,
                            f"at least {worst} bytes are live in every schedule")
@@ -118,12 +129,12 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
         return stop
     if (stop := _add_memory_rows(lp, graph, reads, forward, sweep, budget_bytes, late)) is not None:
         return stop
+    twice: dict[str, int] = {}
     for j in _snapshot_points(sweep.fixed_at, snapshots):
         if (stop := late("snapshots")) is not None:
             return stop
-        _add_snapshot(lp, graph, j, reads.backward_groups, reads.last_read, forward.again, forward.held,
-                      reads.users, budget_bytes, sweep.fixed_at, sweep.redo_terms,
-                      graph.resident_bytes + reads.tangent_bytes)
+        _add_snapshot(lp, graph, j, reads, forward, twice if second_runs else None, budget_bytes,
+                      sweep.fixed_at, sweep.redo_terms, graph.resident_bytes + reads.tangent_bytes)
     if (stop := late("before the solve", lp.nonzeros)) is not None:
         return stop
     solution = lp.solve(min(time_limit_s, deadline - time.perf_counter()),
@@ -147,6 +158,7 @@ class _BackwardReads:
 
     backward_groups: list
     last_read: dict[str, int]
+    first_read: dict[str, int]
     users: set[str]
     tangent_bytes: int
 
@@ -154,12 +166,14 @@ class _BackwardReads:
     def of(cls, graph: RematGraph) -> _BackwardReads:
         backward_groups = [ms for ms in graph.groups.values() if graph[ms[0]].phase is Phase.BACKWARD]
         last_read: dict[str, int] = {}
+        first_read: dict[str, int] = {}
         for j, ms in enumerate(backward_groups):
             for inp in graph[ms[0]].inputs:
                 last_read[inp] = j
+                first_read.setdefault(inp, j)
         for name in graph.backward_outputs:
             last_read[name] = len(backward_groups)  # must be live when backward ends
-        return cls(backward_groups, last_read, set(graph.user_outputs),
+        return cls(backward_groups, last_read, first_read, set(graph.user_outputs),
                    sum(graph[t].bytes for t in graph.tangents))
 
 
@@ -319,11 +333,13 @@ def _snapshot_points(fixed_at: list[int], count: int) -> list[int]:
     return sorted({-1, *busiest, *spaced})
 
 
-def _add_snapshot(lp: LinearProgram, graph: RematGraph, j: int, backward_groups, last_read,
-                  again: dict[str, int], held: dict[str, int], users: set[str],
-                  budget_bytes: int, fixed_at: list[int], redo_terms, b0_fixed: int) -> None:
-    """Rule 5 of the module docstring at instant j (-1: B0). ``live_j`` costs bytes at j;
-    ``later_j`` (computed after j) implies ``again``."""
+def _add_snapshot(lp: LinearProgram, graph: RematGraph, j: int, reads_of: _BackwardReads,
+                  forward: _ForwardVars, twice: dict[str, int] | None, budget_bytes: int,
+                  fixed_at: list[int], redo_terms, b0_fixed: int) -> None:
+    """Rule 5 of the module docstring at instant j (-1: B0), and rule 6 unless ``twice`` is
+    None. ``live_j`` costs bytes at j; ``later_j`` (computed after j) implies ``again``."""
+    backward_groups, last_read, users = reads_of.backward_groups, reads_of.last_read, reads_of.users
+    again, held = forward.again, forward.held
     if j < 0:
         reads = set(graph.forward_outputs)
         fixed, row = b0_fixed + sum(graph[v].bytes for v in reads if graph[v].is_op), {}
@@ -361,3 +377,40 @@ def _add_snapshot(lp: LinearProgram, graph: RematGraph, j: int, backward_groups,
             if u in live_j:
                 lp.add_row({live_j[u]: 1.0, later_j[u]: 1.0, later_j[v]: -1.0}, lower=0.0)
     lp.add_row(row, upper=budget_bytes - fixed)
+    if j >= 0 and twice is not None:
+        _add_second_runs(lp, graph, j, reads_of, forward, twice, live_j, later_j)
+
+
+def _add_second_runs(lp: LinearProgram, graph: RematGraph, j: int, reads_of: _BackwardReads,
+                     forward: _ForwardVars, twice: dict[str, int], live_j: dict[str, int],
+                     later_j: dict[str, int]) -> None:
+    """Rule 6 at backward op j. ``before[u]``: u was computed in backward before j runs; each
+    value backward reads at or before j is live at B0 or ``before``, and so is each op input
+    (within ``live_j``) of a ``before`` value; ``before`` and ``later_j`` together imply
+    ``twice`` for u's group, one variable per group shared by every snapshot."""
+    live, first_read = forward.live, reads_of.first_read
+    before: dict[str, int] = {}
+
+    def before_var(u: str) -> int:
+        if u not in before:
+            before[u] = lp.add_var(0.0, 0.0, 1.0)
+        return before[u]
+
+    for w, first in first_read.items():  # not live at B0: made in backward before its first read
+        if first <= j and w in live:
+            lp.add_row({before_var(w): 1.0, live[w]: 1.0}, lower=1.0)
+    stack = list(before)
+    while stack:  # x made in backward before j: each op input u was live then (at B0, or made)
+        x = stack.pop()
+        for u in dict.fromkeys(graph[x].inputs):
+            if u in live_j and u in live:
+                fresh = u not in before
+                lp.add_row({before_var(u): 1.0, live[u]: 1.0, before[x]: -1.0}, lower=0.0)
+                if fresh:
+                    stack.append(u)
+    for u, b in before.items():
+        if u in later_j and not graph[u].compute_once:
+            group = graph[u].group
+            if group not in twice:
+                twice[group] = lp.add_var(sum(graph[m].cost for m in graph.groups[group]), 0.0, 1.0)
+            lp.add_row({twice[group]: 1.0, b: -1.0, later_j[u]: -1.0}, lower=-1.0)

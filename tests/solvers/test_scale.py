@@ -12,6 +12,7 @@ from solvers import get_solver
 from solvers.base import InfeasibleBudgetError, SolverOptions, SolveStatus
 from solvers.baselines import recompute_all_schedule, store_all_schedule
 from solvers.block_plan import block_kinds
+from solvers.brute_force import min_feasible_budget, solve_brute_force
 from solvers.ir.simulator import simulate
 from solvers.remat_bound import lower_bound
 
@@ -98,6 +99,36 @@ def test_bound_never_exceeds_the_exact_optimum(seed):
             continue  # the bound may or may not prove it; it must never claim the reverse
         assert not bound.proven_infeasible
         assert bound.bound <= optimum + 1e-9
+
+
+@pytest.mark.parametrize("length", [6, 9])
+def test_second_runs_tighten_the_bound_on_chains_and_never_pass_the_optimum(length):
+    """Rule 6 (a chain value made in backward before a snapshot and again after it ran twice)
+    against the exhaustive optimum, every backward op a snapshot; on chain(9) at 52 bytes it
+    lifts the bound by a whole op (34 -> 35; chain(10) too, but its brute force takes 35 s)."""
+    graph = chain(length)
+    low, high = min_feasible_budget(graph), simulate(graph, store_all_schedule(graph)).peak_bytes
+    raised = 0
+    for budget in sorted({low, 52, *(low + (high - low) * k // 4 for k in range(1, 4))}):
+        try:
+            optimum = solve_brute_force(graph, budget, EXACT).objective
+        except InfeasibleBudgetError:
+            continue
+        plain = lower_bound(graph, budget, snapshots=1000, second_runs=False).bound
+        tight = lower_bound(graph, budget, snapshots=1000).bound
+        assert plain - 1e-9 <= tight <= optimum + 1e-9
+        raised += tight > plain + 0.5
+    assert raised >= (length == 9)
+
+
+def test_a_backward_value_read_twice_may_be_recomputed_so_it_is_not_unavoidable():
+    """random_graph(21, 6) at 31 bytes: the only schedules that fit free g_v4 after its first
+    read and recompute it for g_v1. The bound once counted it as live in every schedule and
+    called the budget infeasible."""
+    graph = random_graph(21, 6)
+    optimum = solve_brute_force(graph, 31, EXACT).objective
+    bound = lower_bound(graph, 31)
+    assert not bound.proven_infeasible and bound.bound <= optimum + 1e-9
 
 
 def test_budget_below_what_is_always_live_is_proven_infeasible():
