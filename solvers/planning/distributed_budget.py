@@ -379,7 +379,9 @@ def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConf
                             breakdown=breakdown, graph_budget_bytes=graph_budget,
                             predicted_rank_peak_bytes=peak, phase_peaks=peaks, offsets=offsets,
                             held_bytes=held, step_peak_bytes=step)
-        graph_budget -= peak - budget_bytes
+        # Below the plan's own peak, not the budget it had: a plan well under its graph budget
+        # would otherwise come back unchanged, overshooting by as much (seen: 180 B a try).
+        graph_budget = min(graph_budget, plan.predicted_peak_bytes) - (peak - budget_bytes)
     raise InfeasibleBudgetError(budget_bytes, None, f" per rank ({where}): no plan found after {_REPLANS} tries")
 
 
