@@ -12,15 +12,7 @@ from frontends.capture.output_selection import check_outputs
 from frontends.capture.step import CapturedStep, capture
 from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
-from optimizer.split_plan import (
-    check_split,
-    chunks_of,
-    falls_back,
-    offload_or_split,
-    plan_with_split,
-    split_when_infeasible,
-)
-from solvers.base import InfeasibleBudgetError
+from optimizer.split_plan import check_split, chunks_of, plan_step
 from solvers.ir.budget import Budget
 from solvers.ir.link import offload_link_of
 from solvers.ir.plan import Plan
@@ -149,19 +141,8 @@ def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
         return plan_graph(captured.graph, budget_or_bytes, request.solver, request.solver_options,
                           graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop)
 
-    if falls_back(request.split, request.split_mlp):  # unsplit; split only where no whole-tensor plan fits
-        captured = capture_split(1, 1)
-        try:
-            plan = plan_captured(captured, request.budget)
-        except InfeasibleBudgetError as err:
-            captured, plan = split_when_infeasible(capture_split, plan_captured, captured, err, request.allocator)
-        else:
-            if plan.offloaded:  # it fits with offloads: if it fits no other way, a split may be faster
-                captured, plan = offload_or_split(captured, plan, capture_split, plan_captured, recompute_only,
-                                                  request.budget, request.allocator)
-    else:
-        captured, plan = plan_with_split(capture_split, plan_captured, request.budget, request.split,
-                                         request.allocator, request.split_mlp)
+    captured, plan = plan_step(capture_split, plan_captured, request.budget, request.split, request.split_mlp,
+                               request.allocator, recompute_only if request.offload else None)
     if captured.notes:  # what capture changed about the step (use_cache=False), said once
         plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, *captured.notes))))
     return captured, plan

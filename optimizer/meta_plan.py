@@ -26,7 +26,7 @@ from frontends.capture.step import CapturedStep
 from frontends.distributed.rank_loop import rank_training_loop
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.torch_compat import FakeTensor, tree_map
-from optimizer.split_plan import check_split, falls_back, offload_or_split, plan_with_split, split_when_infeasible
+from optimizer.split_plan import check_split, plan_step
 from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
@@ -153,18 +153,8 @@ def plan_without_hardware(
                           allocator=allocator, loop=loop)
 
     start = time.perf_counter()
-    if falls_back(split, split_mlp):  # unsplit; split only where no whole-tensor plan fits (as optimize does)
-        captured = capture_split(1, 1)
-        try:
-            plan = plan_captured(captured, budget)
-        except InfeasibleBudgetError as err:
-            captured, plan = split_when_infeasible(capture_split, plan_captured, captured, err, allocator)
-        else:
-            if plan.offloaded:
-                captured, plan = offload_or_split(captured, plan, capture_split, plan_captured, recompute_only,
-                                                   budget, allocator)
-    else:
-        captured, plan = plan_with_split(capture_split, plan_captured, budget, split, allocator, split_mlp)
+    captured, plan = plan_step(capture_split, plan_captured, budget, split, split_mlp, allocator,
+                               recompute_only if offload else None)
     plan_s = time.perf_counter() - start - capture_s
     fx_nodes = len(captured.gm.graph.nodes)
     report = format_plan(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \

@@ -29,7 +29,7 @@ from solvers.planning.split_search import (
 )
 
 __all__ = ["SPLIT_CHOICES", "Candidate", "SplitInfeasibleError", "check_split", "chunks_of", "falls_back",
-           "offload_or_split", "plan_with_split", "split_when_infeasible"]
+           "offload_or_split", "plan_step", "plan_with_split", "split_then_offload", "split_when_infeasible"]
 
 
 def check_split(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -82,22 +82,76 @@ def split_when_infeasible(capture: Callable[[int, int], CapturedStep],
     return choice.captured, choice.plan
 
 
+Planner = Callable[[CapturedStep, str | int], Plan]
+"""Plans a captured step at a budget (a string `Budget.of` reads, or bytes)."""
+
+
+def plan_step(capture_split: Callable[[int, int], CapturedStep], plan_captured: Planner, budget: str | int,
+              split: object, split_mlp: object, allocator: AllocatorModel | None,
+              recompute_only: Planner | None = None) -> tuple[CapturedStep, Plan]:
+    """The step's capture and plan, as `optimize`, `plan_only` and the --meta path make them: with
+    the splits asked for (`plan_with_split`), or with none asked for, unsplit where a whole-tensor
+    plan fits and split where none does (`split_when_infeasible`).
+
+    ``recompute_only`` is given when ``plan_captured`` may offload: the split fallback then
+    searches the splits recompute-only and offloads on the chosen one (`split_then_offload`),
+    and an unsplit plan that fits only with offloads is weighed against splitting
+    (`offload_or_split`)."""
+    if not falls_back(split, split_mlp):
+        return plan_with_split(capture_split, plan_captured, budget, split, allocator, split_mlp)
+    captured = capture_split(1, 1)
+    try:
+        plan = plan_captured(captured, budget)
+    except InfeasibleBudgetError as err:
+        if recompute_only is None:
+            return split_when_infeasible(capture_split, plan_captured, captured, err, allocator)
+        return split_then_offload(capture_split, plan_captured, recompute_only, captured, err, allocator)
+    if recompute_only is not None and plan.offloaded and not plan.fits_without_offload:
+        return offload_or_split(captured, plan, capture_split, plan_captured, recompute_only, budget, allocator)
+    return captured, plan
+
+
+def split_then_offload(capture_split: Callable[[int, int], CapturedStep], plan_offload: Planner,
+                       recompute_only: Planner, unsplit: CapturedStep,
+                       unsplit_error: InfeasibleBudgetError,
+                       allocator: AllocatorModel | None) -> tuple[CapturedStep, Plan]:
+    """The split fallback when offloads are allowed. Planning with offloads runs the solver
+    several times (the budget shift, the local search): over every split candidate it took
+    more than 10 minutes for a bf16 Llama at 40% of its peak. So the candidates are planned
+    recompute-only and only the chosen split is planned again with offloads, the faster of
+    the two kept. Only where no split fits without offloads are the candidates planned with
+    them (`split_when_infeasible`; the finest split first, so a step that does not fit split
+    and offloaded is refused after one plan)."""
+    try:
+        captured, plan = split_when_infeasible(capture_split, recompute_only, unsplit, unsplit_error, allocator)
+    except InfeasibleBudgetError:
+        return split_when_infeasible(capture_split, plan_offload, unsplit, unsplit_error, allocator)
+    offloaded = plan_offload(captured, unsplit_error.budget_bytes)
+    if offloaded.objective is not None and plan.objective is not None and offloaded.objective < plan.objective:
+        return captured, dataclasses.replace(offloaded, message="; ".join(filter(None, (
+            plan.message, f"offloads planned on that split: {offloaded.message}"))))
+    return captured, plan
+
+
 def offload_or_split(unsplit: CapturedStep, offloaded: Plan, capture_split: Callable[[int, int], CapturedStep],
-                     plan_captured: Callable[[CapturedStep, str | int], Plan],
-                     recompute_only: Callable[[CapturedStep, str | int], Plan], budget: str | int,
+                     plan_captured: Planner, recompute_only: Planner, budget: str | int,
                      allocator: AllocatorModel | None) -> tuple[CapturedStep, Plan]:
-    """The unsplit step fits with offloads: where it fits no other way, splitting (what the planner
-    does without offload) is the other way to fit, and may well be cheaper (a tiny step cannot hide
-    a copy's latency), so the faster of the two is kept; where a recompute-only plan fits, the
-    planner already chose offload over it."""
+    """The unsplit step fits with offloads: where it fits no other way (``offloaded`` says so:
+    `Plan.fits_without_offload`), splitting (what the planner does without offload) is the
+    other way to fit, and may well be cheaper (a tiny step cannot hide a copy's latency), so the
+    faster of the two is kept; where a recompute-only plan fits, the planner already chose
+    offload over it. ``recompute_only`` gives the unsplit step's error (the floor the split
+    search names), then plans the split candidates (`split_then_offload`)."""
+    if offloaded.fits_without_offload:
+        return unsplit, offloaded
     try:
         recompute_only(unsplit, budget)
-        return unsplit, offloaded
+        return unsplit, offloaded  # the solver fit it this time (its time limit, a heuristic's luck)
     except InfeasibleBudgetError as err:
         unsplit_error = err
     try:
-        split_captured, split_plan = split_when_infeasible(capture_split, plan_captured, unsplit, unsplit_error,
-                                                           allocator)
+        split_captured, split_plan = split_then_offload(capture_split, plan_captured, recompute_only, unsplit,
+                                                        unsplit_error, allocator)
     except InfeasibleBudgetError:
         return unsplit, offloaded
     if split_plan.objective < offloaded.objective:

@@ -108,6 +108,9 @@ class Plan:
     """Most pinned host bytes held at once by offloaded values."""
     link: str = ""
     """The device-host link the copies were priced on (`solvers.ir.link.Link.describe`); "" without offload."""
+    fits_without_offload: bool = True
+    """False when the plan offloads because no recompute-only schedule of its solver fits the
+    budget: then a row split (`optimizer.split_plan`) is the other way to fit, worth weighing."""
 
     @property
     def extra_percent(self) -> float:

@@ -169,9 +169,10 @@ def _offload_plan(graph: RematGraph, budget_bytes: int, solver: str, store_all: 
     message = (f"keep / recompute / offload chosen by {choice.chosen_by} over {choice.evaluations} simulated "
                f"choices: the step takes "
                f"{objective:.4g} s with {len(sim.offloaded)} values offloaded ({beside})")
-    return _plan(graph, budget_bytes, f"{solver}+offload", "optimal" if gap <= 1e-9 else "feasible", store_all,
+    plan = _plan(graph, budget_bytes, f"{solver}+offload", "optimal" if gap <= 1e-9 else "feasible", store_all,
                  sim, choice.schedule, allocator, graph_nodes, bound=bound, gap=gap, solve_time_s=solve_time_s,
                  message=message, link=choice.link)
+    return replace(plan, fits_without_offload=solved is not None)
 
 
 def plan_for_schedule(graph: RematGraph, schedule: Schedule, budget_bytes: int, like: Plan,
