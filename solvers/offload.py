@@ -48,6 +48,9 @@ class OffloadChoice:
     """Choices simulated to find this one."""
     chosen_by: str = "local search"
     """What made the choice (`solvers.offload_exact.best_offloads` names the exact model and its proof)."""
+    shift_bytes: int = 0
+    """Bytes above the budget the recompute-only schedule was planned for before its earliest
+    saved values were offloaded (`solvers.offload_shift`); 0 for the local search."""
 
     @property
     def step_time_s(self) -> float:

@@ -65,7 +65,8 @@ def shifted_offloads(graph: RematGraph, budget_bytes: int, link: Link | str, sol
         evaluations += tried
         if best is None or result.step_time_s < best.step_time_s:
             best = OffloadChoice(sched, result, saved_by(graph, schedule), offloaded, link, 0,
-                                 chosen_by=f"budget shift (+{shift:,} B planned, then offloaded)")
+                                 chosen_by=f"budget shift (+{shift:,} B planned, then offloaded)",
+                                 shift_bytes=shift)
     if best is None:
         return None
     return replace(best, evaluations=evaluations)

@@ -55,8 +55,8 @@ def test_the_shift_offloads_the_shortest_prefix_that_fits(case):
     graph, budget = case
     found = shifted_offloads(graph, budget, FAST, greedy(graph), deadline=time.perf_counter() + 30)
     assert found is not None
-    shift = int(found.chosen_by.split("+")[1].split(" B")[0].replace(",", ""))
-    base = greedy(graph)(budget + shift, 10.0)
+    assert found.shift_bytes > 0 and f"+{found.shift_bytes:,} B" in found.chosen_by
+    base = greedy(graph)(budget + found.shift_bytes, 10.0)
     order = sorted((v for v in found.saved if graph[v].phase is Phase.FORWARD), key=graph.position)
     k = len(found.offloaded)
     assert set(order[:k]) == set(found.offloaded)
