@@ -17,13 +17,18 @@ partitioner's memory and FLOPs instead.
 
     python benchmarks/step_time.py [--models gpt2,llama,resnet] [--rounds 15] [--threads 1]
         [--device cpu|cuda] [--size cpu|gpu] [--dtype float32|bfloat16] [--cost-model device]
-        [--out FILE.md]
+        [--offload] [--out FILE.md]
+
+``--offload`` adds remat-opt's graph runtime with ``offload="auto"`` at the same peak, its copies
+priced on the link measured on the device (``link="measured"``), beside the recompute-only plan
+(issue 39's GPU check). On the CPU the copies are synchronous host copies that stay in the same
+memory: that row's peak and time say nothing about a GPU there.
 
 remat-opt's plans price time with ``--cost-model`` (default ``device``); each plan's
 ``extra_time_s`` is shown beside the measured extra time (its median minus plain autograd's).
 
 On a lent GPU: ``python benchmarks/step_time.py --device cuda --size gpu --models gpt2,llama
---rounds 10 --time-limit 30`` (issue 38's shapes).
+--rounds 10 --time-limit 30 --offload`` (issue 38's shapes; issue 39's offload row).
 """
 
 from __future__ import annotations
@@ -162,8 +167,9 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callable[[str], None]) -> list[Strategy]:
-    """Plain, per-block, SAC; then remat-opt at per-block's measured peak."""
+def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callable[[str], None],
+                offload: bool = False) -> list[Strategy]:
+    """Plain, per-block, SAC; then remat-opt at per-block's measured peak (and with offload)."""
     def fresh() -> torch.nn.Module:
         return copy.deepcopy(work.model)
 
@@ -181,6 +187,16 @@ def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callabl
     strategies.append(Strategy("remat-opt graph, at per-block's peak", rm, rm.plan.predicted_peak_bytes,
                                predicted_extra_s=rm.plan.extra_time_s))
     log(f"{work.name}: graph runtime planned in {time.perf_counter() - start:.1f} s")
+    if offload:
+        start = time.perf_counter()
+        rm = optimize(fresh(), work.args, budget, example_kwargs=work.kwargs, time_limit=time_limit,
+                      cost_model=cost_model, offload="auto", link="measured")
+        moved = sum(nbytes for _, nbytes in rm.plan.offloaded)
+        note = (f"{len(rm.plan.offloaded)} values, {moved / 2**20:.0f} MiB to host over {rm.plan.link}"
+                if rm.plan.offloaded else "no offload won (recompute only)")
+        strategies.append(Strategy("remat-opt graph + offload, at per-block's peak", rm,
+                                   rm.plan.predicted_peak_bytes, note, predicted_extra_s=rm.plan.extra_time_s))
+        log(f"{work.name}: offload planned in {time.perf_counter() - start:.1f} s ({note})")
     eager = fresh()
     try:
         plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False, time_limit=time_limit,
@@ -245,8 +261,9 @@ def _step(module: torch.nn.Module, work: Workload, device: torch.device) -> floa
     return time.perf_counter() - start
 
 
-def run(work: Workload, rounds: int, time_limit: float, device: torch.device, cost_model: str, log) -> list[str]:
-    strategies = _strategies(work, time_limit, cost_model, log)
+def run(work: Workload, rounds: int, time_limit: float, device: torch.device, cost_model: str, log,
+        offload: bool = False) -> list[str]:
+    strategies = _strategies(work, time_limit, cost_model, log, offload)
     for s in strategies:
         _step(s.module, work, device)  # warm-up
         s.times = []
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", default="device",
                         help="remat-opt's cost model (default device: time measured on this CPU or the "
                              "GPU's datasheet roofline); its extra_time_s is shown beside the measured extra")
+    parser.add_argument("--offload", action="store_true",
+                        help="also the graph runtime with offload='auto' on the measured link (see above)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -294,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
              f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} thread(s), "
              f"device {device}, {args.rounds} interleaved rounds"]
     for work in workloads:
-        table = run(work, args.rounds, args.time_limit, device, args.cost_model, lambda m: print(m, file=sys.stderr))
+        table = run(work, args.rounds, args.time_limit, device, args.cost_model, lambda m: print(m, file=sys.stderr),
+                    args.offload)
         print("\n".join(table), file=sys.stderr)
         lines += table
     text = "\n".join(lines) + "\n"

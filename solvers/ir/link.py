@@ -9,6 +9,7 @@ them); measure the link on the device for more. Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -72,6 +73,32 @@ def default_link(device: str | None) -> Link:
     """The preset for a device name (``h200`` -> pcie5); PCIe Gen4 for any other or None."""
     key = (device or "").strip().lower()
     return LINKS[DEVICE_LINKS.get(key, "pcie4")]
+
+
+def fitted_link(name: str, sizes: Sequence[int], to_host_s: Sequence[float],
+                to_device_s: Sequence[float]) -> Link:
+    """A `Link` from measured copy times (seconds per copy of each of ``sizes`` bytes, per
+    direction): per direction the least-squares line seconds = latency + bytes / bandwidth. A
+    negative intercept (noise on a link that is all bandwidth) becomes a latency of 0 with the
+    line through the origin; the two latencies are averaged (`Link` has one)."""
+    if len(sizes) < 2 or len(set(sizes)) < 2 or not len(sizes) == len(to_host_s) == len(to_device_s):
+        raise ValueError("fitted_link needs copy times for at least two different sizes, one per size and direction")
+
+    def line(times: Sequence[float]) -> tuple[float, float]:
+        n = len(sizes)
+        mean_x, mean_y = sum(sizes) / n, sum(times) / n
+        slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, times))
+                 / sum((x - mean_x) ** 2 for x in sizes))
+        intercept = mean_y - slope * mean_x
+        if intercept < 0 or slope <= 0:  # through the origin
+            slope, intercept = sum(x * y for x, y in zip(sizes, times)) / sum(x * x for x in sizes), 0.0
+        if slope <= 0:
+            raise ValueError(f"copy times {list(times)} do not grow with size: no bandwidth to fit")
+        return intercept, 1.0 / slope
+
+    latency_out, to_host = line(to_host_s)
+    latency_in, to_device = line(to_device_s)
+    return Link(name, to_host, to_device, latency_s=(latency_out + latency_in) / 2)
 
 
 def offload_link_of(offload: bool | str, link: Link | str | None) -> Link | None:

@@ -73,7 +73,9 @@ class PlanRequest:
     recompute only."""
     link: Link | str | None = None
     """The device-host link offloads are priced on: a `solvers.ir.link.Link` or a preset name
-    (``pcie4``, ``pcie5``, ``nvlink-c2c``); None: ``pcie5``. Only with ``offload="auto"``."""
+    (``pcie4``, ``pcie5``, ``nvlink-c2c``); None: ``pcie5``. Only with ``offload="auto"``.
+    `optimize` and `plan_only` also take ``"measured"``: the model's device's link, timed there
+    (`frontends.measure.link_bandwidth`)."""
     host_budget: int | str | None = None
     """Pinned host memory offloaded values may hold at once (bytes or a size like ``64GB``); None: no limit."""
 

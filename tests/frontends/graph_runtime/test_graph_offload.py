@@ -19,11 +19,13 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, loss_of, max_relative_error, sgd_losses_and_grads, small_mlp, train_step
 
+import optimizer.api as api_module
 from frontends.capture.step import capture
 from frontends.graph_runtime import offload_ops, rewrite
 from frontends.graph_runtime.remat_module import RematModule
 from frontends.graph_runtime.rewrite import RewriteError, build_scheduled_joint
-from optimizer import optimize
+from frontends.measure.link_bandwidth import measure_link
+from optimizer import optimize, plan_only
 from solvers import get_solver
 from solvers.base import SolverOptions
 from solvers.ir.graph import NodeKind, Phase
@@ -431,3 +433,24 @@ def test_a_budget_shifted_offload_plan_of_the_hierarchical_solver_trains_like_st
     rm = RematModule(clone(model), captured, plan, inputs)
     assert sorted(offloaded_names(rm)) == sorted(choice.offloaded)
     assert_trains_like_store_all(rm, model, inputs)
+
+
+def test_link_measured_prices_the_copies_on_this_device(monkeypatch):
+    """``link="measured"``: the planner prices copies on the link timed on the model's device
+    (here the CPU's host copies; whether offloads then win depends on this VM's load, so the
+    link handed to the planner is what is checked); without ``offload="auto"`` the link is
+    refused as any is."""
+    model, inputs = load_example("gpt", dropout=0.0)
+    measured = measure_link("cpu")
+    links = []
+
+    def spy(*args, **kwargs):
+        links.append(kwargs.get("link"))
+        return plan_graph(*args, **kwargs)
+
+    monkeypatch.setattr(api_module, "plan_graph", spy)
+    plan = plan_only(clone(model), inputs, "70%", solver="greedy", offload="auto", link="measured")
+    assert links and all(link is measured for link in links)
+    assert plan.link in ("", measured.describe())  # offloads priced there, or none won
+    with pytest.raises(ValueError, match="offload='auto'"):
+        plan_only(clone(model), inputs, "70%", solver="greedy", link="measured")
