@@ -5,6 +5,10 @@
 # benchmarks/RESULTS.md names them). Logs go to $OUT (or ./device_out).
 #
 #   bash benchmarks/device_suite.sh            # SUITE_S=330: the suite's wall-clock limit, s
+#
+# With STEP_S=420 (seconds; default 0, skipped) it first runs issue 38's and 39's step-time check
+# (benchmarks/step_time.py: GPT-2 small fp32 8 x 1024 and the bf16 Llama 8 x 2048 at per-block
+# checkpointing's measured peak, with the offload row on the measured link) within that limit.
 set -uo pipefail
 out="${OUT:-device_out}"
 mkdir -p "$out"
@@ -20,6 +24,12 @@ fi
     python3 -m pip list 2>/dev/null | grep -i -E '^(transformers|peft|timm|pulp|ortools|highspy|pytest|hypothesis) '
     nproc
 } 2>&1 | tee "$out/env.txt"
+
+if [ "${STEP_S:-0}" -gt 0 ]; then
+    echo "== step time at per-block's peak (issues 38, 39)"
+    timeout "${STEP_S}" python3 benchmarks/step_time.py --device cuda --size gpu --models gpt2,llama \
+        --rounds 10 --time-limit 20 --offload --out "$out/step_time.md" 2>&1 | tee "$out/step_time.log" | tail -40
+fi
 
 echo "== CUDA tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -rs \
