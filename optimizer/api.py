@@ -13,7 +13,7 @@ from frontends.capture.step import CapturedStep, capture
 from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
 from frontends.measure.link_bandwidth import resolve_link
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
-from optimizer.split_plan import check_split, chunks_of, plan_step
+from optimizer.split_plan import check_split, chunks_of, plan_step, step_planners
 from solvers.ir.budget import Budget
 from solvers.ir.link import offload_link_of
 from solvers.ir.plan import Plan
@@ -142,17 +142,10 @@ def capture_and_plan(model, example_inputs: tuple, example_kwargs: dict | None,
                                   request.python_side_effects, split_rows=chunks, outputs=request.outputs,
                                   split_mlp=mlp_chunks)
 
-    def plan_captured(captured: CapturedStep, budget_or_bytes) -> Plan:
-        return plan_graph(captured.graph, budget_or_bytes, request.solver, request.solver_options,
-                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop,
-                          **request.offload_settings)
-
-    def recompute_only(captured: CapturedStep, budget_or_bytes) -> Plan:
-        return plan_graph(captured.graph, budget_or_bytes, request.solver, request.solver_options,
-                          graph_nodes=len(captured.gm.graph.nodes), allocator=request.allocator, loop=loop)
-
+    plan_captured, recompute_only = step_planners(request.solver, request.solver_options, request.allocator, loop,
+                                                  request.offload_settings)
     captured, plan = plan_step(capture_split, plan_captured, request.budget, request.split, request.split_mlp,
-                               request.allocator, recompute_only if request.offload else None)
+                               request.allocator, recompute_only)
     if captured.notes:  # what capture changed about the step (use_cache=False), said once
         plan = dataclasses.replace(plan, message="; ".join(filter(None, (plan.message, *captured.notes))))
     return captured, plan

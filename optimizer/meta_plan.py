@@ -26,7 +26,7 @@ from frontends.capture.step import CapturedStep
 from frontends.distributed.rank_loop import rank_training_loop
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.torch_compat import FakeTensor, tree_map
-from optimizer.split_plan import check_split, plan_step
+from optimizer.split_plan import check_split, plan_step, step_planners
 from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
@@ -44,7 +44,6 @@ from solvers.planning.distributed_budget import (
     rank_loop_terms,
     rank_offsets,
 )
-from solvers.planning.planner import plan_graph
 
 
 @dataclass(frozen=True)
@@ -144,17 +143,10 @@ def plan_without_hardware(
 
     options = SolverOptions(time_limit_s=time_limit, verbose=verbose)
 
-    def plan_captured(captured: CapturedStep, budget_or_bytes: str | int) -> Plan:
-        return plan_graph(captured.graph, budget_or_bytes, solver, options, graph_nodes=len(captured.gm.graph.nodes),
-                          allocator=allocator, loop=loop, offload=offload, link=link, host_budget=host_budget)
-
-    def recompute_only(captured: CapturedStep, budget_or_bytes: str | int) -> Plan:
-        return plan_graph(captured.graph, budget_or_bytes, solver, options, graph_nodes=len(captured.gm.graph.nodes),
-                          allocator=allocator, loop=loop)
-
+    plan_captured, recompute_only = step_planners(solver, options, allocator, loop,
+                                                  {"offload": offload, "link": link, "host_budget": host_budget})
     start = time.perf_counter()
-    captured, plan = plan_step(capture_split, plan_captured, budget, split, split_mlp, allocator,
-                               recompute_only if offload else None)
+    captured, plan = plan_step(capture_split, plan_captured, budget, split, split_mlp, allocator, recompute_only)
     plan_s = time.perf_counter() - start - capture_s
     fx_nodes = len(captured.gm.graph.nodes)
     report = format_plan(plan, name) + f"\n(planned from shapes alone: capture {capture_s:.1f} s, " \

@@ -11,13 +11,15 @@ whole-tensor plan fits (`split_when_infeasible`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 
 from frontends.capture.step import CapturedStep
 from frontends.split.row_split import RowSplitError, check_chunks
-from solvers.base import InfeasibleBudgetError
+from solvers.base import InfeasibleBudgetError, SolverOptions
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.plan import Plan
+from solvers.planning.planner import plan_graph
 from solvers.planning.split_search import (
     SPLIT_CHOICES,
     Candidate,
@@ -27,9 +29,11 @@ from solvers.planning.split_search import (
     search_splits,
     split_choices,
 )
+from solvers.planning.training_loop import TrainingLoop
 
 __all__ = ["SPLIT_CHOICES", "Candidate", "SplitInfeasibleError", "check_split", "chunks_of", "falls_back",
-           "offload_or_split", "plan_step", "plan_with_split", "split_then_offload", "split_when_infeasible"]
+           "offload_or_split", "plan_step", "plan_with_split", "split_then_offload", "split_when_infeasible",
+           "step_planners"]
 
 
 def check_split(split: object, split_mlp: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -84,6 +88,18 @@ def split_when_infeasible(capture: Callable[[int, int], CapturedStep],
 
 Planner = Callable[[CapturedStep, str | int], Plan]
 """Plans a captured step at a budget (a string `Budget.of` reads, or bytes)."""
+
+
+def step_planners(solver: str, options: SolverOptions, allocator: AllocatorModel | None, loop: TrainingLoop,
+                  offload_settings: Mapping[str, object]) -> tuple[Planner, Planner | None]:
+    """`plan_step`'s two planners for `plan_graph`'s settings: the one that plans with
+    ``offload_settings`` (`PlanRequest.offload_settings`), and the recompute-only one, None when
+    offload is off (then the first plans recompute only)."""
+    def plan(captured: CapturedStep, budget: str | int, **offload: object) -> Plan:
+        return plan_graph(captured.graph, budget, solver, options, graph_nodes=len(captured.gm.graph.nodes),
+                          allocator=allocator, loop=loop, **offload)
+
+    return functools.partial(plan, **offload_settings), plan if offload_settings.get("offload") else None
 
 
 def plan_step(capture_split: Callable[[int, int], CapturedStep], plan_captured: Planner, budget: str | int,
