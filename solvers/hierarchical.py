@@ -309,7 +309,7 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
             with progress.phase(f"a tighter bound ({TIGHT_BOUND_SNAPSHOTS} snapshots, second runs)"):
                 tighter = lower_bound(small, budget_bytes, time_limit_s=deadline - time.perf_counter(),
                                       snapshots=TIGHT_BOUND_SNAPSHOTS, deadline=deadline)
-            if tighter.bound > bound.bound:
+            if not tighter.proven_infeasible and tighter.bound > bound.bound:  # (a schedule fits)
                 bound = tighter
                 bound_found[0] = bound.bound
                 report(best.sim.total_cost, min(bound.bound, best.sim.total_cost))

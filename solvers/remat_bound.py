@@ -96,13 +96,13 @@ def lower_bound(graph: RematGraph, budget_bytes: int, time_limit_s: float = 30.0
 
     ``primal_simplex``: solve the LP with the primal simplex (same optimum; faster on long
     chains, see `solvers.hierarchical.LONG_CHAIN_SNAPSHOTS`). ``deadline`` (a
-    `time.perf_counter()` instant): when the bound must be known, the LP's build included.
-    ``second_runs``: rule 6's rows (they tighten only with many snapshots: measured on a
-    1,000-step loop with 4 snapshots they cost a third more time and moved nothing). A
+    `time.perf_counter()` instant): when the bound must be known, the LP's build included. A
     10,000-step loop's LP has 12-13 million coefficients: building it took over a minute, and
     HiGHS took 35 s to set it up before its time limit could act. So the build stops at the
     deadline, an LP the time left cannot set up (`LP_SETUP_RATE`) is not started, both with
-    the base cost, and the solve gets what is left."""
+    the base cost, and the solve gets what is left. ``second_runs``: rule 6's rows (they
+    tighten only with many snapshots: measured on a 1,000-step loop with 4 snapshots they cost
+    a third more time and moved nothing)."""
     def late(where: str, nonzeros: int = 0) -> BoundResult | None:
         """The base-cost bound once the deadline has passed, or when the time left cannot set
         up ``nonzeros`` coefficients (HiGHS honours its limit only after that)."""
