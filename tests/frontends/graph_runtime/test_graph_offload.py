@@ -19,7 +19,7 @@ import pytest
 import torch
 from e2e_helpers import clone, load_example, loss_of, max_relative_error, sgd_losses_and_grads, small_mlp, train_step
 
-import optimizer.api as api_module
+import optimizer.split_plan as split_plan
 from frontends.capture.step import capture
 from frontends.graph_runtime import offload_ops, rewrite
 from frontends.graph_runtime.remat_module import RematModule
@@ -448,7 +448,7 @@ def test_link_measured_prices_the_copies_on_this_device(monkeypatch):
         links.append(kwargs.get("link"))
         return plan_graph(*args, **kwargs)
 
-    monkeypatch.setattr(api_module, "plan_graph", spy)
+    monkeypatch.setattr(split_plan, "plan_graph", spy)
     plan = plan_only(clone(model), inputs, "70%", solver="greedy", offload="auto", link="measured")
     assert links and all(link is measured for link in links)
     assert plan.link in ("", measured.describe())  # offloads priced there, or none won
