@@ -122,7 +122,7 @@ def plan_step(capture_split: Callable[[int, int], CapturedStep], plan_captured: 
         if recompute_only is None:
             return split_when_infeasible(capture_split, plan_captured, captured, err, allocator)
         return split_then_offload(capture_split, plan_captured, recompute_only, captured, err, allocator)
-    if recompute_only is not None and plan.offloaded and not plan.fits_without_offload:
+    if recompute_only is not None and plan.offloaded:  # it weighs a split where only offloads fit
         return offload_or_split(captured, plan, capture_split, plan_captured, recompute_only, budget, allocator)
     return captured, plan
 

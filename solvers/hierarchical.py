@@ -315,7 +315,7 @@ def solve_hierarchical(graph: RematGraph, budget_bytes: int, options: SolverOpti
             _run_classic(name, graph, budget_bytes, best, progress, deadline, options,
                          share=GREEDY_SHARE * limit if name == "greedy" else None)
         if (long_chain and len(graph.groups) > EXACT_MAX_GROUPS  # else the exact MILP below has the time
-                and best.sim is not None and bound.message == "LP bound"
+                and best.sim is not None and keep  # the first LP was solved (not the base cost)
                 and best.sim.total_cost > bound.bound * (1 + REPAIR_SKIP_GAP)
                 and len(small.ops) <= TIGHT_BOUND_MAX_VALUES
                 and deadline - time.perf_counter() >= TIGHT_BOUND_MIN_SECONDS):
