@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import inspect
 import json
 import os
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
 from frontends.torch_compat import TorchDispatchMode
@@ -36,10 +36,6 @@ from solvers.ir.budget import format_bytes
 from solvers.ir.plan import Plan
 
 SCHEMA = "remat-opt/eager-plan/1"
-
-
-class CheckpointPlanError(ValueError):
-    """A saved plan that does not fit this model (or is not a plan); nothing was applied."""
 
 
 @dataclass(frozen=True)
@@ -291,25 +287,7 @@ class _RegionCall:
             return self.inner(*args, **kwargs)
 
 
-class _InstanceForward:
-    """An instance ``forward`` set on a module by remat-opt (a plain object, so ``deepcopy`` and
-    pickling of the model keep working: it refers to its module, not to a closure)."""
-
-    def __init__(self, module: torch.nn.Module, previous: Any) -> None:
-        self.module = module
-        self.previous = previous
-        """The instance ``forward`` the module had before (None: its class's)."""
-
-    def _original(self) -> Any:
-        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        """The wrapped forward's signature (Trainer and others inspect ``model.forward``)."""
-        return inspect.signature(self._original())
-
-
-class CheckpointedForward(_InstanceForward):
+class CheckpointedForward(InstanceForward):
     """The instance ``forward`` of a checkpointed module."""
 
     def __init__(self, module: torch.nn.Module, region: RegionPolicy, previous: Any) -> None:
@@ -367,7 +345,7 @@ class CheckpointedForward(_InstanceForward):
         self.__init__(state["module"], state["region"], state["previous"])
 
 
-class ChunkedForward(_InstanceForward):
+class ChunkedForward(InstanceForward):
     """The instance ``forward`` of a split MLP: the module's own forward on ``split.chunks``
     chunks of the input's flattened token rows, each chunk under a non-reentrant checkpoint that
     keeps nothing, the outputs concatenated. The wide intermediate then lives one chunk at a
@@ -410,7 +388,7 @@ class ChunkedForward(_InstanceForward):
         self.__init__(state["module"], state["split"], state["previous"])
 
 
-class CacheOffForward(_InstanceForward):
+class CacheOffForward(InstanceForward):
     """The root's instance ``forward`` when a config asks for a generation cache: training calls
     (grad enabled, ``model.training``) run with ``use_cache=False``, as Hugging Face's own
     gradient checkpointing does, since a cache filled in forward changes what the recomputation
@@ -475,7 +453,7 @@ def split_modules(model: torch.nn.Module) -> dict[str, SplitPolicy]:
     found = {}
     for path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, _InstanceForward):
+        while isinstance(wrapper, InstanceForward):
             if isinstance(wrapper, ChunkedForward):
                 found[path] = wrapper.split
             wrapper = wrapper.previous
@@ -487,7 +465,7 @@ def remove_checkpointing(model: torch.nn.Module) -> int:
     count = 0
     for _path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, _InstanceForward):
+        while isinstance(wrapper, InstanceForward):
             if wrapper.previous is None:
                 del module.__dict__["forward"]
             else:

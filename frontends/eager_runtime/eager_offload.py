@@ -5,21 +5,30 @@ torch (2.13 and 2.14 alike, ``_CachingTorchDispatchMode`` in ``torch/utils/check
 only ``MUST_SAVE``/``PREFER_SAVE`` outputs and *recomputes* everything else, offload policies
 included; only torch.compile's activation-offloading pass honours them. So an offloaded region is
 run under ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves inside it is
-copied to host when it is saved (pack) and copied back when backward reads it (unpack), the way
-``torch.autograd.graph.save_on_cpu`` does, with three differences:
+copied to host when it is saved (pack) and brought back for backward (unpack), the way
+``torch.autograd.graph.save_on_cpu`` does, with these differences:
 
 * parameters and buffers of the region are left on the device (saved weights are resident
   anyway: copying them moves bytes and frees nothing);
 * the copy to host runs on a side stream (`frontends.graph_runtime.offload_ops`) and the device
   block is kept from reuse until that copy has read it (``record_stream``), so forward does not
-  wait on the link; backward waits for the copy when it unpacks;
-* several saved tensors on one storage share one host copy (a view saved beside its base).
+  wait on the link;
+* several saved tensors on one storage share one host copy, and one device copy when they come
+  back (a view saved beside its base);
+* a saved tensor whose device storage is still alive when backward reads it (something outside
+  the region holds it: a later module saved it too, a checkpoint keeps it as its input, the
+  caller holds it) is read there, not copied back: only what really left the device returns;
+* **prefetch**: the first unpack of a region call brings back all of that call's values (the
+  ones not still on the device), and starts bringing back the previous offloaded region call's
+  too, so that copy overlaps this region's backward. `solvers.planning.eager_plan` schedules the
+  same reloads (`RegionModel.schedule`), so the simulator predicts this runtime's memory.
 
-There is no prefetch: a value comes back when backward reads it, so the copy back is not hidden.
-On the CPU the same hooks make plain host copies (separate tensors), so gradients are testable.
+On the CPU the same hooks make plain host copies (separate tensors), so gradients are testable;
+`OffloadCounts` says what left the device and what came back.
 
-A planner decision to offload a module is applied with `apply_offloading` (module paths); the
-eager planner (`solvers.planning.eager_plan`) does not choose offload yet: this is the hook.
+The planner chooses offloaded regions (`apply_checkpointing(..., offload="auto")`: option
+``"offload"`` of a region, applied by `frontends.eager_runtime.eager_checkpoint.apply_regions`);
+`apply_offloading` offloads modules by hand (unplanned: its memory is not predicted).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from typing import Any
 
 import torch
 
-from frontends.eager_runtime.eager_checkpoint import CheckpointPlanError, _InstanceForward
+from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward
 from frontends.graph_runtime.offload_ops import (
     host_copy_ready,
     offload_to_host,
@@ -44,7 +53,8 @@ from frontends.graph_runtime.offload_ops import (
 
 @dataclass
 class OffloadCounts:
-    """What one offloaded region call sent to host (filled in as autograd saves tensors)."""
+    """What offloaded region calls sent to host and brought back (filled in as autograd saves
+    and reads tensors)."""
 
     tensors: int = 0
     """Saved tensors that went to host."""
@@ -52,52 +62,155 @@ class OffloadCounts:
     """Bytes of host copies made (one per storage)."""
     kept_on_device: int = 0
     """Saved tensors left on the device (parameters and buffers)."""
+    reloaded_bytes: int = 0
+    """Bytes copied back to the device (one copy per storage whose device block had been freed)."""
+    read_on_device: int = 0
+    """Unpacks served by a device storage still alive (held outside the region): not copied back."""
+
+
+class _Stored:
+    """One device storage a region call saved: its host copy, and its device copy while backward
+    needs it."""
+
+    __slots__ = ("host", "device", "device_storage", "reloaded", "pending", "record")
+
+    def __init__(self, host: torch.Tensor, device: torch.device, storage: torch.UntypedStorage,
+                 record: "_RegionCall") -> None:
+        self.host, self.device, self.record = host, device, record
+        self.device_storage = weakref.ref(storage)
+        """The device storage as forward made it: alive at unpack when something else holds it."""
+        self.reloaded: torch.Tensor | None = None
+        """The copy back (`reload_to_device`), until every pack of this storage was unpacked."""
+        self.pending = 0
+        """Packs of this storage not yet unpacked."""
+
+    def on_device(self) -> torch.UntypedStorage | None:
+        return self.device_storage()
+
+    def bring_back(self) -> None:
+        """Start copying back, unless the device storage is alive or a copy is already on its way."""
+        if self.reloaded is None and self.on_device() is None:
+            host_copy_ready(self.host, self.device)
+            self.reloaded = reload_to_device(self.host, self.device)
+            for counts in (self.record.counts, self.record.session.counts):
+                counts.reloaded_bytes += self.host.untyped_storage().nbytes()
+
+
+class _RegionCall:
+    """The storages one call of an offloaded region saved, in the order it saved them."""
+
+    def __init__(self, session: "OffloadSession", counts: OffloadCounts) -> None:
+        self.session = session
+        self.counts = counts
+        """This call's own counts (the session has the totals)."""
+        self.stored: list[_Stored] = []
+        self.started = False
+        """Backward has read one of its values (its reloads and the previous call's were started)."""
+
+    def bring_back(self) -> None:
+        for entry in self.stored:
+            entry.bring_back()
 
 
 class _Packed:
-    """A saved tensor as the hook keeps it: its host copy and the device to bring it back to."""
+    """A saved tensor as the hook keeps it: its storage's entry and its layout there."""
 
-    __slots__ = ("host", "device")
+    __slots__ = ("entry", "dtype", "offset", "size", "stride")
 
-    def __init__(self, host: torch.Tensor, device: torch.device) -> None:
-        self.host, self.device = host, device
+    def __init__(self, entry: _Stored, tensor: torch.Tensor) -> None:
+        self.entry, self.dtype = entry, tensor.dtype
+        self.offset, self.size, self.stride = tensor.storage_offset(), tensor.size(), tensor.stride()
+
+    def view_of(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        return torch.empty(0, dtype=self.dtype, device=self.entry.device).set_(
+            storage, self.offset, self.size, self.stride)
+
+
+class OffloadSession:
+    """The offloaded regions of one model, shared by their wrappers: the order their calls ran
+    in forward, so that backward reaching one call prefetches the one before it."""
+
+    def __init__(self) -> None:
+        self._calls: list[weakref.ref[_RegionCall]] = []
+        self.counts = OffloadCounts()
+        """Totals over every call of the session's regions (since it was made)."""
+
+    def begin(self, counts: OffloadCounts) -> _RegionCall:
+        self._calls = [ref for ref in self._calls if ref() is not None]
+        call = _RegionCall(self, counts)
+        self._calls.append(weakref.ref(call))
+        return call
+
+    def start_backward(self, call: _RegionCall) -> None:
+        """``call``'s first unpack: bring back its values, and start on the call before it."""
+        call.started = True
+        call.bring_back()
+        calls = [ref() for ref in self._calls]
+        index = next((i for i, c in enumerate(calls) if c is call), 0)
+        previous = next((c for c in reversed(calls[:index]) if c is not None and c.stored), None)
+        if previous is not None and not previous.started:
+            previous.bring_back()
+
+    def __getstate__(self) -> dict[str, Any]:  # a copied model starts with no calls
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
 
 
 @contextlib.contextmanager
-def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = ()) -> Iterator[OffloadCounts]:
-    """Inside: every tensor autograd saves goes to host and comes back when backward reads it,
-    except the ``resident`` ones (a region's parameters and buffers, matched by storage)."""
+def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = (),
+                            session: OffloadSession | None = None) -> Iterator[OffloadCounts]:
+    """Inside: every tensor autograd saves goes to host and comes back for backward, except the
+    ``resident`` ones (a region's parameters and buffers, matched by storage). One region call of
+    ``session`` (a new session of its own when None); yields the counts of this call."""
     kept = {t.untyped_storage().data_ptr() for t in resident}
-    # one host copy per device storage, while that storage lives (an address is reused after it
-    # dies; its Python storage object lives exactly as long as the storage, so a weak reference tells)
-    # (the host copy is held weakly too: the saved tensors' packs hold it, and free it in backward)
-    host_storages: dict[tuple[torch.device, int], tuple[weakref.ref, weakref.ref]] = {}
+    session = session if session is not None else OffloadSession()
     counts = OffloadCounts()
+    call = session.begin(counts)
+    # one entry per device storage, while that storage lives (an address is reused after it
+    # dies; its Python storage object lives exactly as long as the storage, so a weak reference tells)
+    entries: dict[tuple[torch.device, int], _Stored] = {}
 
     def pack(tensor: torch.Tensor) -> Any:
         storage = tensor.untyped_storage()
         if storage.data_ptr() in kept or tensor.device.type == "meta" or storage.nbytes() == 0:
             counts.kept_on_device += 1
+            session.counts.kept_on_device += 1
             return tensor
         key = (tensor.device, storage.data_ptr())
-        entry = host_storages.get(key)
-        shared = entry[1]() if entry is not None and entry[0]() is storage else None
-        if shared is None:
+        entry = entries.get(key)
+        if entry is None or entry.on_device() is not storage:
             host = offload_to_host(tensor.detach())
             release_after_copy(tensor)
-            host_storages[key] = (weakref.ref(storage), weakref.ref(host))
-            counts.host_bytes += storage.nbytes()
-        else:  # the same storage again: a view over the host copy already made
-            host = torch.empty(0, dtype=tensor.dtype).set_(shared.untyped_storage(), tensor.storage_offset(),
-                                                           tensor.size(), tensor.stride())
-        counts.tensors += 1
-        return _Packed(host, tensor.device)
+            entry = entries[key] = _Stored(host, tensor.device, storage, call)
+            call.stored.append(entry)
+            for c in (counts, session.counts):
+                c.host_bytes += storage.nbytes()
+        entry.pending += 1
+        for c in (counts, session.counts):
+            c.tensors += 1
+        return _Packed(entry, tensor)
 
     def unpack(packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Packed):
             return packed
-        host_copy_ready(packed.host, packed.device)
-        return reload_done(reload_to_device(packed.host, packed.device))
+        entry = packed.entry
+        if not entry.record.started:
+            session.start_backward(entry.record)
+        alive = entry.on_device()
+        if alive is not None and entry.reloaded is None:
+            session.counts.read_on_device += 1
+            counts.read_on_device += 1
+            tensor = packed.view_of(alive)
+        else:
+            entry.bring_back()  # a second read (retain_graph) after the device copy was let go
+            reloaded = reload_done(entry.reloaded)
+            tensor = packed.view_of(reloaded.untyped_storage())
+        entry.pending -= 1
+        if entry.pending <= 0:
+            entry.reloaded = None  # the tensors returned hold it while backward reads them
+        return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield counts
@@ -110,47 +223,73 @@ def run_offloaded(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return module(*args, **kwargs)
 
 
-class OffloadedForward(_InstanceForward):
+class OffloadedForward(InstanceForward):
     """The instance ``forward`` of a module whose saved activations are offloaded (removed by
-    `frontends.eager_runtime.eager_checkpoint.remove_checkpointing` like the other wrappers)."""
+    `frontends.eager_runtime.eager_checkpoint.remove_checkpointing` like the other wrappers).
+    ``region``: the plan's entry for it (None when offloaded by hand with `apply_offloading`)."""
+
+    def __init__(self, module: torch.nn.Module, previous: Any, session: OffloadSession,
+                 region: Any = None) -> None:
+        super().__init__(module, previous)
+        self.session, self.region = session, region
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inner = self._original()
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         resident = list(self.module.parameters()) + list(self.module.buffers())
-        with offloaded_saved_tensors(resident):
+        with offloaded_saved_tensors(resident, self.session):
             return inner(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"module": self.module, "previous": self.previous}
+        return {"module": self.module, "previous": self.previous, "session": self.session,
+                "region": self.region}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["module"], state["previous"])
+        self.__init__(state["module"], state["previous"], state["session"], state["region"])
+
+
+def offload_modules(model: torch.nn.Module, regions: Iterable[tuple[str, Any]],
+                    session: OffloadSession | None = None) -> OffloadSession:
+    """Wrap each module path of ``regions`` (path, plan entry or None) in `OffloadedForward`,
+    all sharing one `OffloadSession` (returned). Paths are checked before any is wrapped."""
+    modules = dict(model.named_modules())
+    regions = list(regions)
+    missing = [p for p, _ in regions if p not in modules]
+    if missing:
+        raise CheckpointPlanError(f"offloading names module {missing[0]!r}, which this model does not "
+                                  "have; nothing was applied")
+    session = session if session is not None else OffloadSession()
+    for path, region in regions:
+        module = modules[path]
+        module.__dict__["forward"] = OffloadedForward(module, module.__dict__.get("forward"), session, region)
+    return session
 
 
 def apply_offloading(model: torch.nn.Module, paths: Iterable[str]) -> int:
     """Offload the saved activations of each module ``paths`` names (checked before any is
     wrapped); returns how many were wrapped. Undo with ``remove_checkpointing``."""
-    modules = dict(model.named_modules())
     paths = list(paths)
-    missing = [p for p in paths if p not in modules]
-    if missing:
-        raise CheckpointPlanError(f"offloading names module {missing[0]!r}, which this model does not "
-                                  "have; nothing was applied")
-    for path in paths:
-        module = modules[path]
-        module.__dict__["forward"] = OffloadedForward(module, module.__dict__.get("forward"))
+    offload_modules(model, [(p, None) for p in paths])
     return len(paths)
+
+
+def offload_session(model: torch.nn.Module) -> OffloadSession | None:
+    """The session the model's offloaded modules share (its counts), or None."""
+    for wrapper in _wrappers(model):
+        return wrapper[1].session
+    return None
 
 
 def offloaded_modules(model: torch.nn.Module) -> tuple[str, ...]:
     """Paths of the modules `apply_offloading` wrapped."""
-    found = []
+    return tuple(path for path, _ in _wrappers(model))
+
+
+def _wrappers(model: torch.nn.Module) -> Iterator[tuple[str, OffloadedForward]]:
     for path, module in model.named_modules():
         wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, _InstanceForward):
+        while isinstance(wrapper, InstanceForward):
             if isinstance(wrapper, OffloadedForward):
-                found.append(path)
+                yield path, wrapper
             wrapper = wrapper.previous
-    return tuple(found)
