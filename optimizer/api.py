@@ -11,7 +11,7 @@ from frontends.capture.costed_capture import capture_with_costs
 from frontends.capture.output_selection import check_outputs
 from frontends.capture.step import CapturedStep, capture
 from frontends.graph_runtime.remat_module import RematModule, ShapePolicy
-from frontends.measure.link_bandwidth import resolve_link
+from frontends.measure.link_bandwidth import measured_link_settings
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from optimizer.split_plan import check_split, chunks_of, plan_step, step_planners
 from solvers.ir.budget import Budget
@@ -87,7 +87,7 @@ def optimize(
     and ``rm(...)`` gives back the same structure with None in their place (a transformers
     ``ModelOutput`` with only ``loss`` set); ``"all"`` (default) returns everything.
     """
-    request = PlanRequest.of(budget, "optimize", **_measured_link(model, settings))
+    request = PlanRequest.of(budget, "optimize", **measured_link_settings(model, settings))
     example_inputs = _as_tuple(example_inputs)
     ShapePolicy(on_larger=on_larger)  # a bad on_larger fails before the (slow) capture
     captured, plan = capture_and_plan(model, example_inputs, example_kwargs, request)
@@ -112,15 +112,6 @@ def optimize(
     shapes = ShapePolicy(static=static, on_larger=on_larger, recapture=None if static else recapture,
                          replan=replan, reschedule=reschedule)
     return RematModule(model, captured, plan, example_inputs, example_kwargs, shapes)
-
-
-def _measured_link(model: torch.nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
-    """``link="measured"`` with ``offload="auto"``: the link between host memory and the device
-    ``model``'s parameters are on, measured there (`frontends.measure.link_bandwidth`)."""
-    if settings.get("offload") != "auto" or "link" not in settings:
-        return settings
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return {**settings, "link": resolve_link(settings["link"], device)}
 
 
 def _as_tuple(example_inputs) -> tuple:
@@ -161,5 +152,5 @@ def plan_only(
 ) -> Plan:
     """The plan `optimize` would make, without building the module (what-if use); ``settings``
     as `optimize` takes them."""
-    request = PlanRequest.of(budget, "plan_only", **_measured_link(model, settings))
+    request = PlanRequest.of(budget, "plan_only", **measured_link_settings(model, settings))
     return capture_and_plan(model, _as_tuple(example_inputs), example_kwargs, request)[1]

@@ -47,6 +47,7 @@ from frontends.eager_runtime.eager_ops import (
 )
 from frontends.eager_runtime.eager_split import with_modules
 from frontends.eager_runtime.split_capture import capture_split, on_cpu
+from frontends.measure.link_bandwidth import measured_link_settings
 from frontends.measure.optimizer_memory import check_optimizer, training_loop
 from frontends.split.row_split import RowSplitError, check_chunks
 from solvers.base import InfeasibleBudgetError, SolverOptions
@@ -54,6 +55,7 @@ from solvers.baselines import store_all_schedule
 from solvers.blocks import find_blocks
 from solvers.ir.budget import Budget
 from solvers.ir.graph import RematGraph
+from solvers.ir.link import Link, offload_link_of
 from solvers.ir.plan import Plan
 from solvers.ir.simulator import simulate
 from solvers.planning.eager_plan import (
@@ -94,15 +96,7 @@ def _policies(solution: EagerSolution, graph, trace: EagerTrace,
 
 EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp",
                   "optimizer", "grad_accumulation", "offload", "link", "host_budget")
-"""The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's);
-``offload`` only as False (see `EAGER_OFFLOAD_REFUSED`)."""
-EAGER_OFFLOAD_REFUSED = (
-    "apply_checkpointing plans recomputation only: its region planner does not choose offloads, and a plan that "
-    "offloads would run without a prediction to check it against. offload='auto' is planned by optimize(model, "
-    "inputs, budget, offload='auto') (the graph runtime) and torch.compile(model, backend=remat_backend(budget, "
-    "compiler='eager', offload='auto')); to send chosen modules' saved activations to host by hand, call "
-    "frontends.eager_runtime.eager_offload.apply_offloading(model, paths) (unplanned: its memory is not predicted)")
-"""Why ``apply_checkpointing(offload="auto")`` is refused."""
+"""The `PlanRequest` settings the eager runtime honours (the rest are the graph runtime's)."""
 
 
 def apply_checkpointing(
@@ -135,16 +129,21 @@ def apply_checkpointing(
     m = 8 is planned, and where it fits m = 2, 4, 8, and the cheapest plan that fits is applied,
     its message saying so (`solvers.planning.split_search.fallback_split`); where m = 8 does not
     fit either, `SplitInfeasibleError` (an `InfeasibleBudgetError`) names both floors.
-    ``split_mlp=1`` never splits. ``offload="auto"`` is refused (`EAGER_OFFLOAD_REFUSED`): the
-    eager planner keeps or recomputes; optimize() and remat_backend plan offloads.
+    ``split_mlp=1`` never splits.
+
+    ``offload="auto"`` (with ``link``: a preset name, a `solvers.ir.link.Link`, or ``"measured"``
+    on the model's device; ``host_budget``) also lets a region send what its autograd saves to host
+    memory instead of recomputing (`frontends.eager_runtime.eager_offload`: saved-tensor hooks,
+    each region's values brought back when its backward starts, the previous region's prefetched).
+    The plan keeps the faster of its recompute-only and its offloading selection, as simulated.
     """
     if settings.get("solver", "auto") not in ("auto", "eager"):
         raise ValueError(f"apply_checkpointing plans with solver='auto'; got {settings['solver']!r} (the graph "
                          "runtime's solvers are for optimize())")
     settings.pop("solver", None)
-    request = PlanRequest.of(budget, "apply_checkpointing", EAGER_SETTINGS, **settings)
-    if request.offload is not False:
-        raise ValueError(EAGER_OFFLOAD_REFUSED)
+    request = PlanRequest.of(budget, "apply_checkpointing", EAGER_SETTINGS, **measured_link_settings(model, settings))
+    offload = request.offload_settings
+    link = offload_link_of(request.offload, request.link)
     if checkpointed_modules(model) or split_modules(model):
         raise ValueError("the model is already checkpointed: call remove_checkpointing(model) first")
     if request.split not in (None, 1):
@@ -163,7 +162,7 @@ def apply_checkpointing(
         return _capture_step(model, inputs, example_kwargs, chunks, capture_settings, on_cpu_)
 
     def plan_step(step: _EagerStep, budget: Budget | int) -> Plan:
-        solved[id(step)] = _solve(step, budget, loop, request.time_limit)
+        solved[id(step)] = _solve(step, budget, loop, request.time_limit, link, offload["host_budget"])
         return solved[id(step)].plan
 
     step = capture(1, mlp_chunks)
@@ -198,6 +197,9 @@ def apply_checkpointing(
         "store_all_peak_bytes": plan.store_all_peak_bytes, "extra_flops": plan.extra_flops,
         "extra_time_s": plan.extra_time_s, "step_flops": plan.step_flops,
         "status": plan.status, "bound": plan.bound, "gap": plan.gap}
+    if plan.offloaded:
+        summary.update(offloaded_bytes=sum(b for _, b in plan.offloaded), transfer_time_s=plan.transfer_time_s,
+                       stall_time_s=plan.stall_time_s, host_peak_bytes=plan.host_peak_bytes, link=plan.link)
     if splits:
         summary["split_mlp"] = mlp_chunks
     if unsplit_peak is not None:
@@ -243,15 +245,18 @@ def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, ca
     return _EagerStep(graph, base_graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
 
 
-def _solve(step: _EagerStep, budget: Budget | int, loop: TrainingLoop, time_limit: float) -> _Solved:
+def _solve(step: _EagerStep, budget: Budget | int, loop: TrainingLoop, time_limit: float,
+           link: Link | None = None, host_budget: int | None = None) -> _Solved:
     """The eager plan of ``step`` for ``budget`` (the whole iteration's, with the ``loop``'s
-    optimizer and accumulation counted); raises `InfeasibleBudgetError` in the iteration's bytes."""
+    optimizer and accumulation counted); with a ``link``, regions may offload. Raises
+    `InfeasibleBudgetError` in the iteration's bytes."""
     graph = step.graph
     store_all = simulate(graph, store_all_schedule(graph))
     if loop.counts_anything:
         budget = loop_budget(loop, graph, budget, store_all.peak_bytes, end_bytes(store_all))[1]
     try:
-        solution = solve_eager(graph, step.found, budget, time_limit_s=time_limit, chunked=step.labels.chunks)
+        solution = solve_eager(graph, step.found, budget, time_limit_s=time_limit, chunked=step.labels.chunks,
+                               link=link, host_budget=host_budget)
     except InfeasibleBudgetError as err:
         raise iteration_error(err, loop.held_bytes(graph)) from None
     plan = with_loop(solution_plan(solution, graph, graph_nodes=len(step.captured.gm.graph.nodes)), loop, graph,

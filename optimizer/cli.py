@@ -136,8 +136,9 @@ def build_parser(verify: bool = False) -> argparse.ArgumentParser:
                              "measured peak and step time next to the prediction")
     parser.add_argument("--offload", nargs="?", const="default", default=None, metavar="LINK",
                         help="let the plan copy saved values to host memory and back where that is faster "
-                             "than recomputing them: LINK is pcie4, pcie5 or nvlink-c2c (default: pcie5 "
-                             "for --device h100/h200, else pcie4); docs/what-if.md 'Offload'")
+                             "than recomputing them: LINK is pcie4, pcie5, nvlink-c2c or measured (default: "
+                             "pcie5 for --device h100/h200, else pcie4; measured on the model's device with "
+                             "--runtime eager); docs/what-if.md 'Offload'")
     parser.add_argument("--json", metavar="FILE", help="write the plan as JSON (same field names as Plan)")
     parser.add_argument("--split", default=None, metavar="K|auto",
                         help="run the LM head and its loss in K chunks of token rows (auto: try 1, 2, "
@@ -377,7 +378,7 @@ def run(args: argparse.Namespace) -> str:
     if args.runtime == "eager" and (split is not None or split_mlp == "auto"):  # eager splits MLPs only
         raise CliError("--split and --split-mlp auto are planned by the graph runtime only: drop them with "
                        "--runtime eager (it takes --split-mlp M)", EXIT_USAGE)
-    if args.offload is not None and not args.meta:
+    if args.offload is not None and not args.meta and args.runtime != "eager":
         raise CliError(OFFLOAD_META_ONLY, EXIT_USAGE)
     model, inputs = _cast(*_load(args), args.dtype)
     if args.meta:
@@ -436,6 +437,7 @@ def _measured_line(measured, predicted: int) -> str:
 
 def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, split_mlp: int | None = None) -> str:
     """--runtime eager: plan checkpoint regions for the model itself; --emit writes the plan."""
+    from frontends.measure.link_bandwidth import measured_link_settings  # heavy: torch, not imported for --help
     from optimizer.checkpointing import (  # heavy: torch, not imported for --help
         EAGER_SETTINGS,
         apply_checkpointing,
@@ -449,10 +451,15 @@ def _run_eager(args: argparse.Namespace, model, inputs, budget, cost_model, spli
         raise CliError("--runtime eager plans with its own solver: drop --solver", EXIT_USAGE)
     if args.emit:
         _check_writable(args.emit)
+    offload = {}
+    if args.offload in ("default", "measured"):  # the link to the device the model is on, measured there
+        offload = measured_link_settings(model, {"offload": "auto", "link": "measured"})
+    elif args.offload is not None:
+        offload = _offload_settings(args)
     request = _request(budget, "remat-opt --runtime eager", EAGER_SETTINGS, time_limit=args.time_limit,
                        cost_model=cost_model or "auto", grad_outputs=args.grad_outputs,
                        python_side_effects=args.python_side_effects, split_mlp=split_mlp,
-                       optimizer=args.optimizer, grad_accumulation=args.grad_accumulation)
+                       optimizer=args.optimizer, grad_accumulation=args.grad_accumulation, **offload)
     with _planning_errors(budget):
         plan = apply_checkpointing(model, inputs, budget=request)
     report = f"{args.model}\n" + describe(plan)
@@ -583,8 +590,9 @@ def _run_rank_max_batch(args: argparse.Namespace) -> str:
     return format_rank_batch(fit, args.model)
 
 
-OFFLOAD_META_ONLY = ("--offload plans one step from shapes alone for now: add --meta, or ask a what-if --sweep "
-                     "(the runtimes that run offloads are not wired to the CLI yet)")
+OFFLOAD_META_ONLY = ("--offload plans from shapes alone (--meta), for the eager runtime (--runtime eager), or in "
+                     "a what-if --sweep: add one of them (the graph runtime's offloads run from the Python API, "
+                     "optimize(..., offload='auto'))")
 
 
 def _offload_settings(args: argparse.Namespace) -> dict:

@@ -49,7 +49,7 @@ def place_offloads(graph: RematGraph, schedule: Schedule, values: Iterable[str],
         raise ValueError(f"cannot offload {refused[:5]}: only values forward saves for backward (live at the "
                          "boundary, not forward outputs) are offloaded")
     n_forward = len(schedule.forward)
-    reads = _reads(graph, steps, n_forward, frozenset(wanted))
+    reads = value_reads(graph, steps, n_forward, frozenset(wanted))
     unread = [v for v in wanted if v not in reads.first_backward]
     if unread:
         raise ValueError(f"cannot offload {unread[:5]}: backward never reads them")
@@ -61,7 +61,7 @@ def place_offloads(graph: RematGraph, schedule: Schedule, values: Iterable[str],
     for v in wanted:
         after.setdefault(forward_free_at[v], []).append(free(v))
     reload_before = {v: reads.first_backward[v] for v in wanted}
-    tight = _emit(steps, n_forward, after, {}, _by_position(reload_before, wanted))
+    tight = emit_copies(steps, n_forward, after, {}, _by_position(reload_before, wanted))
     if budget_bytes is None:
         budget_bytes = 1 << 62
     slots = _slots(graph, tight, steps, n_forward, after, reload_before, link)
@@ -119,10 +119,10 @@ def place_offloads(graph: RematGraph, schedule: Schedule, values: Iterable[str],
         for j in range(position, read):
             extra[j] += nbytes
         reload_before[v] = position
-    return _emit(steps, n_forward, after, _by_position(moved_frees, wanted), _by_position(reload_before, wanted))
+    return emit_copies(steps, n_forward, after, _by_position(moved_frees, wanted), _by_position(reload_before, wanted))
 
 
-class _Reads:
+class ValueReads:
     """Where each offloaded value is made and read in the base schedule (step indices)."""
 
     def __init__(self) -> None:
@@ -134,8 +134,9 @@ class _Reads:
         """The first step of the first backward run that reads it."""
 
 
-def _reads(graph: RematGraph, steps, n_forward: int, wanted: frozenset[str]) -> _Reads:
-    reads = _Reads()
+def value_reads(graph: RematGraph, steps, n_forward: int, wanted: frozenset[str]) -> ValueReads:
+    """Where each of ``wanted`` is made and read in ``steps`` (the first ``n_forward`` are forward)."""
+    reads = ValueReads()
     i = 0
     while i < len(steps):
         step = steps[i]
@@ -169,7 +170,7 @@ def _by_position(position: dict[str, int], order: list[str]) -> dict[int, list[s
     return grouped
 
 
-def _emit(steps, n_forward: int, after: dict[int, list[Step]], frees_before: dict[int, list[str]],
+def emit_copies(steps, n_forward: int, after: dict[int, list[Step]], frees_before: dict[int, list[str]],
           reloads_before: dict[int, list[str]]) -> Schedule:
     """The base steps with the copies inserted: ``after[j]`` after forward step j (offloads first),
     ``frees_before[j]`` before step j (j == n_forward: at forward's end), ``reloads_before[j]``

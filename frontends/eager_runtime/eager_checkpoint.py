@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from frontends.eager_runtime.eager_offload import OFFLOADS, OffloadedForward, offload_modules
 from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
@@ -434,7 +435,12 @@ def apply_regions(model: torch.nn.Module, regions: tuple[RegionPolicy, ...],
         raise CheckpointPlanError(f"the plan names module {missing[0]!r}, which this model does not "
                                   "have; nothing was applied")
     apply_splits(model, splits)  # checks its modules before it applies any
+    offloaded = [(r.path, r) for r in regions if r.option in OFFLOADS]
+    if offloaded:
+        offload_modules(model, offloaded)  # one session: each region prefetches the one before it
     for region in regions:
+        if region.option in OFFLOADS:
+            continue
         module = modules[region.path]
         previous = module.__dict__.get("forward")
         module.__dict__["forward"] = CheckpointedForward(module, region, previous)
@@ -443,9 +449,11 @@ def apply_regions(model: torch.nn.Module, regions: tuple[RegionPolicy, ...],
 
 
 def checkpointed_modules(model: torch.nn.Module) -> dict[str, RegionPolicy]:
-    """Module path -> its policy, for every module `apply_checkpointing` wrapped."""
+    """Module path -> its policy, for every module `apply_checkpointing` wrapped (checkpointed,
+    or offloaded: option ``"offload"``)."""
     return {p: m.__dict__["forward"].region for p, m in model.named_modules()
-            if isinstance(m.__dict__.get("forward"), CheckpointedForward)}
+            if isinstance(m.__dict__.get("forward"), (CheckpointedForward, OffloadedForward))
+            and m.__dict__["forward"].region is not None}
 
 
 def split_modules(model: torch.nn.Module) -> dict[str, SplitPolicy]:
@@ -519,9 +527,14 @@ def describe(plan: CheckpointPlan) -> str:
         time = f", {1e3 * seconds:.3f} ms under the cost model" if seconds is not None else ""
         return f"{flops / 1e9:.3f} GFLOP{time}"
 
-    lines = [f"eager runtime: {len(plan.regions)} modules checkpointed "
-             f"({', '.join(f'{r.path}[{r.option}]' for r in plan.regions[:6])}"
+    offloaded = sum(r.option in OFFLOADS for r in plan.regions)
+    lines = [f"eager runtime: {len(plan.regions) - offloaded} modules checkpointed"
+             + (f", {offloaded} offloaded" if offloaded else "")
+             + f" ({', '.join(f'{r.path}[{r.option}]' for r in plan.regions[:6])}"
              f"{', ...' if len(plan.regions) > 6 else ''})"]
+    if "offloaded_bytes" in s:
+        lines.append(f"offloaded {format_bytes(s['offloaded_bytes'])} to host and back over {s['link']}: "
+                     f"{1e3 * s['transfer_time_s']:.3g} ms of copies, {1e3 * s['stall_time_s']:.3g} ms not hidden")
     if plan.splits:
         names = ", ".join(sp.path for sp in plan.splits[:3]) + (", ..." if len(plan.splits) > 3 else "")
         lines.append(f"{len(plan.splits)} MLPs in {plan.splits[0].chunks} row chunks ({names}), the chunks "

@@ -49,6 +49,7 @@ from frontends.graph_runtime.offload_ops import (
     reload_done,
     reload_to_device,
 )
+from solvers.planning.eager_plan import OFFLOAD, OFFLOAD_PREFETCH, OFFLOADS
 
 
 @dataclass
@@ -66,6 +67,11 @@ class OffloadCounts:
     """Bytes copied back to the device (one copy per storage whose device block had been freed)."""
     read_on_device: int = 0
     """Unpacks served by a device storage still alive (held outside the region): not copied back."""
+
+
+__all__ = ["OFFLOAD", "OFFLOAD_PREFETCH", "OFFLOADS",
+           "OffloadCounts", "OffloadSession", "OffloadedForward", "offloaded_saved_tensors",
+           "run_offloaded", "offload_modules", "apply_offloading", "offload_session", "offloaded_modules"]
 
 
 class _Stored:
@@ -99,8 +105,10 @@ class _Stored:
 class _RegionCall:
     """The storages one call of an offloaded region saved, in the order it saved them."""
 
-    def __init__(self, session: "OffloadSession", counts: OffloadCounts) -> None:
+    def __init__(self, session: "OffloadSession", counts: OffloadCounts, prefetch: bool) -> None:
         self.session = session
+        self.prefetch = prefetch
+        """Bring its values back early: when the backward of the next call of the session starts."""
         self.counts = counts
         """This call's own counts (the session has the totals)."""
         self.stored: list[_Stored] = []
@@ -135,20 +143,21 @@ class OffloadSession:
         self.counts = OffloadCounts()
         """Totals over every call of the session's regions (since it was made)."""
 
-    def begin(self, counts: OffloadCounts) -> _RegionCall:
+    def begin(self, counts: OffloadCounts, prefetch: bool) -> _RegionCall:
         self._calls = [ref for ref in self._calls if ref() is not None]
-        call = _RegionCall(self, counts)
+        call = _RegionCall(self, counts, prefetch)
         self._calls.append(weakref.ref(call))
         return call
 
     def start_backward(self, call: _RegionCall) -> None:
-        """``call``'s first unpack: bring back its values, and start on the call before it."""
+        """``call``'s first unpack: bring back its values, and those of the call before it when
+        that one prefetches."""
         call.started = True
         call.bring_back()
         calls = [ref() for ref in self._calls]
         index = next((i for i, c in enumerate(calls) if c is call), 0)
         previous = next((c for c in reversed(calls[:index]) if c is not None and c.stored), None)
-        if previous is not None and not previous.started:
+        if previous is not None and previous.prefetch and not previous.started:
             previous.bring_back()
 
     def __getstate__(self) -> dict[str, Any]:  # a copied model starts with no calls
@@ -159,15 +168,16 @@ class OffloadSession:
 
 
 @contextlib.contextmanager
-def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = (),
-                            session: OffloadSession | None = None) -> Iterator[OffloadCounts]:
+def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = (), session: OffloadSession | None = None,
+                            prefetch: bool = True) -> Iterator[OffloadCounts]:
     """Inside: every tensor autograd saves goes to host and comes back for backward, except the
     ``resident`` ones (a region's parameters and buffers, matched by storage). One region call of
-    ``session`` (a new session of its own when None); yields the counts of this call."""
+    ``session`` (a new session of its own when None); ``prefetch``: its values come back when the
+    backward of the session's next call starts (else when its own starts). Yields this call's counts."""
     kept = {t.untyped_storage().data_ptr() for t in resident}
     session = session if session is not None else OffloadSession()
     counts = OffloadCounts()
-    call = session.begin(counts)
+    call = session.begin(counts, prefetch)
     # one entry per device storage, while that storage lives (an address is reused after it
     # dies; its Python storage object lives exactly as long as the storage, so a weak reference tells)
     entries: dict[tuple[torch.device, int], _Stored] = {}
@@ -226,7 +236,8 @@ def run_offloaded(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 class OffloadedForward(InstanceForward):
     """The instance ``forward`` of a module whose saved activations are offloaded (removed by
     `frontends.eager_runtime.eager_checkpoint.remove_checkpointing` like the other wrappers).
-    ``region``: the plan's entry for it (None when offloaded by hand with `apply_offloading`)."""
+    ``region``: the plan's entry for it (None when offloaded by hand with `apply_offloading`:
+    then its values are prefetched, as with option `OFFLOAD_PREFETCH`)."""
 
     def __init__(self, module: torch.nn.Module, previous: Any, session: OffloadSession,
                  region: Any = None) -> None:
@@ -238,7 +249,8 @@ class OffloadedForward(InstanceForward):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         resident = list(self.module.parameters()) + list(self.module.buffers())
-        with offloaded_saved_tensors(resident, self.session):
+        prefetch = self.region is None or self.region.option == OFFLOAD_PREFETCH
+        with offloaded_saved_tensors(resident, self.session, prefetch):
             return inner(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:

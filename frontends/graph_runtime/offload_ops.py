@@ -21,7 +21,9 @@ waits on. The pinned host block of a reload stays reserved until its copy comple
 host allocator records the copy's stream).
 
 On the CPU the same nodes run with plain copies and no streams (the "host" is the same memory),
-so every gradient path can be tested without a GPU.
+so every gradient path can be tested without a GPU. The copy to host is made outside any
+dispatch mode, so `frontends.measure.memory_tracker` counts on the CPU what a GPU would hold on
+the device: the value freed after its offload, its bytes again from its reload.
 
 The whole storage is copied, with the value's offset, sizes and strides: the IR counts a value
 as its storage, and views re-derived from a reloaded value find the layout they had. These are
@@ -34,6 +36,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 _SIDE_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
 _EVENTS: dict[int, tuple[weakref.ref, torch.cuda.Event]] = {}
@@ -44,7 +47,8 @@ reference on lookup, so a recycled id never matches; dropped when the tensor die
 def offload_to_host(value: torch.Tensor) -> torch.Tensor:
     """Start copying ``value``'s storage to host memory; returns the host tensor (same layout)."""
     if value.device.type != "cuda":
-        return _copy_storage(value, torch.device("cpu"))
+        with _disable_current_modes():  # host memory: not what a tracker of device memory counts
+            return _copy_storage(value, torch.device("cpu"))
     stream = _side_stream("device_to_host", value.device)
     stream.wait_stream(torch.cuda.current_stream(value.device))
     with torch.cuda.stream(stream):

@@ -37,6 +37,15 @@ def resolve_link(link: Link | str | None, device: torch.device | str) -> Link | 
     return link
 
 
+def measured_link_settings(model: torch.nn.Module, settings: dict) -> dict:
+    """Planner settings with ``link="measured"`` (under ``offload="auto"``) replaced by the link
+    between host memory and the device ``model``'s parameters are on, measured there."""
+    if settings.get("offload") != "auto" or "link" not in settings:
+        return settings
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return {**settings, "link": resolve_link(settings["link"], device)}
+
+
 @functools.lru_cache(maxsize=None)
 def _measured(device_name: str, sizes: tuple[int, ...], repeats: int) -> Link:
     device = torch.device(device_name)

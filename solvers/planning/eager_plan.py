@@ -36,9 +36,11 @@ from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 from solvers.ir.budget import resolve_budget
 from solvers.ir.graph import Node, NodeKind, Phase, RematGraph
+from solvers.ir.link import Link
 from solvers.ir.plan import Plan
-from solvers.ir.schedule import Schedule
+from solvers.ir.schedule import Schedule, Step, StepKind, free, offload
 from solvers.ir.simulator import SimulationResult, simulate
+from solvers.offload_placement import emit_copies, value_reads
 from solvers.planning.planner import breakdown, module_summaries
 
 OPTIONS = ("none", "matmuls", "every-matmul", "all")
@@ -66,6 +68,17 @@ CHUNKED = "chunk"
 Chosen for all chunks of one MLP together (`RegionModel.chunk_groups`: the runtime checkpoints
 an MLP's chunks or not); not chosen, the chunks run one after the other with nothing freed, as
 the unsplit MLP. A checkpointed region around the MLP reruns them inside its own checkpoint."""
+
+
+OFFLOAD = "offload"
+"""Option of a region whose saved tensors go to host memory and come back when its backward
+starts (`frontends.eager_runtime.eager_offload`): forward runs once, nothing is recomputed, and
+the copies cost link time; the copy back waits in full. Offered with a `Link` (``offload="auto"``)."""
+OFFLOAD_PREFETCH = "offload-prefetch"
+"""As `OFFLOAD`, but the values come back early: when the backward of the next offloaded region
+(in forward order) starts, so that region's backward hides the copy, at the cost of holding both
+regions' values then."""
+OFFLOADS = (OFFLOAD, OFFLOAD_PREFETCH)
 
 
 def chunk_group(path: str) -> str:
@@ -111,6 +124,12 @@ class RegionOption:
     """Bytes no longer held from forward into backward."""
     extra_cost: float
     extra_flops: float
+    offloaded: tuple[str, ...] = ()
+    """`OFFLOAD`: values that leave the device (only the region's backward reads them)."""
+    packed: tuple[str, ...] = ()
+    """`OFFLOAD`: every value the region's saved-tensor hooks copy to host (``offloaded`` and those
+    something outside the region keeps on the device); the first backward read of one starts the
+    region's reloads."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,8 @@ class EagerSolution:
     message: str
     graph: RematGraph | None = None
     """The graph ``schedule`` runs on: the planned one with the chosen regions' random ops replayable."""
+    link: Link | None = None
+    """The link the plan's copies were priced on (None: it offloads nothing)."""
 
 
 def replayable_graph(graph: RematGraph, values: Iterable[str]) -> RematGraph:
@@ -267,7 +288,9 @@ class RegionModel:
     """What each candidate region can do on one graph (values, readers, options)."""
 
     def __init__(self, graph: RematGraph, candidates: Sequence[RegionCandidate],
-                 chunked: Sequence[str] = ()) -> None:
+                 chunked: Sequence[str] = (), link: Link | None = None) -> None:
+        self.link = link
+        """With a link, every region may also be offloaded (`OFFLOAD`)."""
         self.forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
         self.order = {name: i for i, name in enumerate(self.forward)}
         # Ops that update state (a buffer written back, a mutation) must run once, but a
@@ -424,7 +447,38 @@ class RegionModel:
                 dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
                 saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
                 extra_cost=cost, extra_flops=flops))
+        if self.link is not None:
+            result.extend(self._offload_options(path))
         return [o for o in result if o.saving_bytes > 0]
+
+    def _offload_options(self, path: str) -> list[RegionOption]:
+        """The region under saved-tensor hooks that send what its autograd nodes save to host.
+        What they save is what the region's backward ops read from forward (parameters and
+        buffers stay). A value that only this region's backward reads leaves the device once
+        forward no longer reads it; one that backward outside the region reads too, or that the
+        caller holds, stays where it is (the runtime finds it alive and reads it there).
+
+        Priced for the knapsack as the copy time the region's own compute would not hide (the
+        copy back in full without prefetch); the simulator, which knows the streams, gives the
+        plan's time. One option per way of bringing the values back (`OFFLOADS`)."""
+        g, link = self.graph, self.link
+        assert link is not None
+        inside = [n for n in g.ops if n.phase is Phase.BACKWARD and within(n.module, path)]
+        packed = tuple(dict.fromkeys(
+            i for n in inside for i in n.inputs
+            if g[i].kind is NodeKind.INPUT or (g[i].is_op and g[i].phase is Phase.FORWARD and not is_hold(i))))
+        offloaded = tuple(v for v in packed if g[v].is_op and v not in self.pinned and g[v].bytes > 0
+                          and all(within(r.module, path) for r in self.backward_readers[v]))
+        forward_s = sum(g[v].cost for v in self.regions[path])
+        backward_s = sum(n.cost for n in inside)
+        to_host = sum(link.offload_seconds(g[v].bytes) for v in offloaded)
+        back = sum(link.reload_seconds(g[v].bytes) for v in offloaded)
+        exposed = {OFFLOAD: back, OFFLOAD_PREFETCH: max(0.0, back - backward_s)}
+        return [RegionOption(
+            path=path, option=option, saved=(), dropped=(), recompute_groups=(),
+            saving_bytes=sum(g[v].bytes for v in offloaded),
+            extra_cost=max(0.0, to_host - forward_s) + exposed[option], extra_flops=0.0,
+            offloaded=offloaded, packed=packed) for option in OFFLOADS]
 
     # ------------------------------------------------------------------ schedule
     def region_inputs(self, path: str) -> set[str]:
@@ -440,13 +494,16 @@ class RegionModel:
         backward op of the region (or the first reader of a value it dropped)."""
         g = self.graph
         choices = self.complete(choices)
-        held = set().union(*(self.region_inputs(c.path) for c in choices)) if choices else set()
+        # a checkpoint holds its region's inputs (its arguments) until its recomputation
+        held = {v for c in choices if c.option not in OFFLOADS for v in self.region_inputs(c.path)}
         dropped_all = {v for c in choices for v in c.dropped if v not in held}
         live = {v for v in self.forward if v not in dropped_all and self.backward_readers[v]}
         live |= self.pinned
         backward_groups = [m for m in g.groups.values() if g[m[0]].phase is Phase.BACKWARD]
         triggers: dict[int, list[RegionOption]] = {}
         for choice in choices:
+            if choice.option in OFFLOADS:  # nothing to recompute: its copies are placed below
+                continue
             dropped = set(choice.dropped) - held
             for i, members in enumerate(backward_groups):
                 first = g[members[0]]
@@ -455,7 +512,7 @@ class RegionModel:
                 if (within(first.module, choice.path) and reads_forward) or dropped & set(first.inputs):
                     triggers.setdefault(i, []).append(choice)
                     break
-        chosen_reholds = {self.reholds[c.path] for c in choices if c.path in self.reholds}
+        chosen_reholds = {self.reholds[c.path] for c in choices if c.path in self.reholds and c.option not in OFFLOADS}
         backward: list[str] = []
         for i, members in enumerate(backward_groups):
             for choice in triggers.get(i, ()):
@@ -465,10 +522,54 @@ class RegionModel:
                     backward.append(self.reholds[choice.path])
             backward.extend(members)
         forward = [v for v in self.forward if v not in chosen_reholds]
-        return Schedule.from_computes(g, forward, backward)
+        schedule = Schedule.from_computes(g, forward, backward)
+        offloads = [c for c in choices if c.option in OFFLOADS]
+        return self._with_copies(schedule, offloads, held) if offloads else schedule
+
+    def _with_copies(self, schedule: Schedule, offloads: Sequence[RegionOption], held: set[str]) -> Schedule:
+        """``schedule`` with the offloaded regions' copies where the eager runtime makes them:
+        each value goes to host after forward makes it and leaves the device after forward's
+        last read of it; at a region's first backward read of anything it saved, its values come
+        back, and so do those of the offloaded region before it in forward when that one was
+        chosen with prefetch (`OFFLOAD_PREFETCH`) and its backward has not started yet
+        (`frontends.eager_runtime.eager_offload`)."""
+        g = self.graph
+        steps, n_forward = schedule.steps, len(schedule.forward)
+        leaving = {c.path: [v for v in c.offloaded if v not in held] for c in offloads}
+        wanted = frozenset(v for vs in leaving.values() for v in vs)
+        reads = value_reads(g, steps, n_forward, wanted)
+        after: dict[int, list[Step]] = {}
+        for v in sorted(wanted, key=g.position):
+            after.setdefault(reads.produced[v], []).append(offload(v))
+            after.setdefault(reads.last_forward.get(v, reads.produced[v]), []).append(free(v))
+        in_forward = [c for c in sorted(offloads, key=lambda c: self.order[self.regions[c.path][0]]) if c.packed]
+        starts: dict[str, int] = {}
+        for index in range(n_forward, len(steps)):
+            step = steps[index]
+            if step.kind is not StepKind.COMPUTE:
+                continue
+            node = g[step.node]
+            for c in in_forward:
+                if c.path not in starts and within(node.module, c.path) and set(c.packed).intersection(node.inputs):
+                    starts[c.path] = index
+        reloads: dict[int, list[str]] = {}
+        brought: set[str] = set()
+        for i, c in sorted(enumerate(in_forward), key=lambda ic: starts.get(ic[1].path, len(steps))):
+            if c.path not in starts:
+                continue
+            previous = in_forward[i - 1] if i > 0 else None
+            regions = [c] + ([previous] if previous is not None and previous.option == OFFLOAD_PREFETCH
+                             and starts.get(previous.path, len(steps)) > starts[c.path] else [])
+            for region in regions:
+                for v in leaving[region.path]:
+                    if v not in brought:
+                        brought.add(v)
+                        reloads.setdefault(starts[c.path], []).append(v)
+        return emit_copies(steps, n_forward, after, {}, reloads)
 
     def evaluate(self, choices: Sequence[RegionOption]) -> SimulationResult:
-        return simulate(self.graph, self.schedule(choices))
+        link = self.link if any(c.option in OFFLOADS for c in choices) else None
+        return simulate(self.graph, self.schedule(choices), link=link)
 
 
 # ---------------------------------------------------------------------- the knapsack
@@ -595,7 +696,7 @@ def uniform_selections(model: RegionModel) -> list[Point]:
     depths = sorted({p.count(".") for p in model.options})
     for depth in depths:
         paths = [p for p in model.options if p.count(".") == depth]
-        for option in OPTIONS:
+        for option in (*OPTIONS, *OFFLOADS):
             chosen = tuple(o for p in paths for o in model.options[p] if o.option == option)
             if chosen:
                 points.append((sum(o.saving_bytes for o in chosen), sum(o.extra_cost for o in chosen), chosen))
@@ -610,14 +711,48 @@ def uniform_selections(model: RegionModel) -> list[Point]:
 
 
 def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget: int | str,
-                time_limit_s: float = 60.0, chunked: Sequence[str] = ()) -> EagerSolution:
+                time_limit_s: float = 60.0, chunked: Sequence[str] = (), link: Link | None = None,
+                host_budget: int | None = None) -> EagerSolution:
     """The cheapest selection of regions and saved sets whose simulated peak fits ``budget``.
     ``chunked``: the row chunks of split MLPs (`chunk_path`), each under its own checkpoint
     unless a chosen region covers it (`RegionModel.complete`).
 
+    With a ``link``, regions may also be offloaded (`OFFLOAD`), holding at most ``host_budget``
+    pinned host bytes (None: no limit): the selection is searched again with that option, and the
+    faster of the two (recomputation plus the copy time compute does not hide, as simulated) is
+    returned. Its bound is then None: the knapsack prices copies by estimate, not by a bound.
+
     Raises `InfeasibleBudgetError` naming the leanest plan of the family when none fits."""
+    if link is None:
+        return _solve_regions(graph, candidates, budget, time_limit_s, chunked, None, None)
     start = time.perf_counter()
-    model = RegionModel(graph, candidates, chunked)
+    try:
+        recompute_only: EagerSolution | None = _solve_regions(graph, candidates, budget, time_limit_s / 2,
+                                                              chunked, None, None)
+    except InfeasibleBudgetError:
+        recompute_only = None
+    try:
+        with_offload = _solve_regions(graph, candidates, budget, time_limit_s / 2, chunked, link, host_budget)
+    except InfeasibleBudgetError:
+        if recompute_only is None:
+            raise
+        return recompute_only
+    if not any(c.option in OFFLOADS for c in with_offload.choices) or (
+            recompute_only is not None and recompute_only.extra_cost <= with_offload.extra_cost):
+        if recompute_only is not None:
+            return recompute_only
+    beside = ("no recompute-only selection fits" if recompute_only is None else
+              f"recompute-only: {recompute_only.extra_cost:.4g} s extra")
+    return dataclasses.replace(with_offload, solve_time_s=time.perf_counter() - start,
+                               message=f"{with_offload.message} ({beside})")
+
+
+def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], budget: int | str,
+                   time_limit_s: float, chunked: Sequence[str], link: Link | None,
+                   host_budget: int | None) -> EagerSolution:
+    """`solve_eager` in one family: with ``link``, the offload option is offered too."""
+    start = time.perf_counter()
+    model = RegionModel(graph, candidates, chunked, link)
     g = model.graph
     store_all = simulate(g, store_all_schedule(g))
     budget_bytes = resolve_budget(budget, store_all.peak_bytes)
@@ -628,7 +763,7 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
     # cheapest one saving enough is a lower bound (exact while the front was not thinned).
     need = store_all.boundary_bytes + tangents - budget_bytes
     bound_candidates = [p[1] for p in front if p[0] >= need]
-    bound = min(bound_candidates) if bound_candidates and exact else None
+    bound = min(bound_candidates) if bound_candidates and exact and link is None else None
     tried = 0
     best: tuple[SimulationResult, Point] | None = None
     leanest: tuple[int, Point, SimulationResult] | None = None
@@ -641,7 +776,7 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         tried += 1
         if leanest is None or sim.peak_bytes < leanest[0]:
             leanest = (sim.peak_bytes, point, sim)
-        if sim.peak_bytes <= budget_bytes:
+        if sim.peak_bytes <= budget_bytes and (host_budget is None or sim.host_peak_bytes <= host_budget):
             best = (sim, point)
         return best is not None and best[1] is point
 
@@ -669,8 +804,9 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         smallest = leanest[0] if leanest else store_all.peak_bytes
         why = (" (eager runtime: no submodule's checkpoint saves memory here: modules that update "
                "state, such as BatchNorm in training, are not checkpointed, nor ops outside "
-               "submodules; optimize() can plan them)" if len(front) <= 1 else
-               " (eager runtime: the leanest checkpointing plan found; optimize() can go lower)")
+               "submodules; optimize() can plan them)" if not any(model.options.values()) and not model.chunk_groups
+               else f" (eager runtime: the leanest {'checkpointing or offloading' if link else 'checkpointing'} plan "
+               "found; optimize() can go lower)")
         raise InfeasibleBudgetError(budget_bytes, smallest, why, exact=False, lower_bound_bytes=None)
     sim, point = best
     choices = tuple(sorted(model.complete(point[2]), key=lambda o: model.order[model.regions[o.path][0]]))
@@ -681,12 +817,18 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
     else:
         gap_note = (f"; {tried} selections simulated, the cheaper ones peaked over the budget "
                     "while recomputing; the bound counts only the boundary")
+    offloads = sum(c.option in OFFLOADS for c in choices)
+    extra_cost = point[1]
+    if offloads:  # the copies as simulated (streams, prefetch), not the knapsack's estimate
+        extra_cost = sum(c.extra_cost for c in choices if c.option not in OFFLOADS) + sim.stall_time_s
+        gap_note = (f"; {offloads} offloaded ({sum(g[v].bytes for v in sim.offloaded) / 2**20:.1f} MiB to host "
+                    f"and back, {1e3 * sim.stall_time_s:.3g} ms of copies not hidden)")
     return EagerSolution(
         choices=choices, schedule=model.schedule(choices), simulation=sim, store_all=store_all,
-        budget_bytes=budget_bytes, extra_cost=point[1],
+        budget_bytes=budget_bytes, extra_cost=extra_cost,
         extra_flops=sum(o.extra_flops for o in choices), bound=bound, status=status,
-        solve_time_s=time.perf_counter() - start, graph=g,
-        message=f"eager runtime: {sum(c.option != CHUNKED for c in choices)} regions checkpointed"
+        solve_time_s=time.perf_counter() - start, graph=g, link=link if offloads else None,
+        message=f"eager runtime: {sum(c.option not in (CHUNKED, *OFFLOADS) for c in choices)} regions checkpointed"
                 + (f", {sum(c.option == CHUNKED for c in choices)} MLP row chunks under their own checkpoint"
                    if model.chunk_groups else "") + gap_note)
 
@@ -707,7 +849,11 @@ def solution_plan(solution: EagerSolution, graph: RematGraph, graph_nodes: int =
         graph_nodes=graph_nodes or len(graph.nodes), graph_values=len(graph.ops),
         saved=sim.saved, recomputed=sim.recomputed,
         modules=module_summaries(graph, sim, solution.store_all), message=solution.message,
-        schedule=solution.schedule)
+        schedule=solution.schedule,
+        offloaded=tuple((name, graph[name].bytes) for name in sim.offloaded),
+        transfer_time_s=sim.transfer_time_s, stall_time_s=sim.stall_time_s,
+        host_peak_bytes=sim.host_peak_bytes,
+        link=solution.link.describe() if solution.link is not None else "")
 
 
 def fixed_choice_solution(graph: RematGraph, candidates: Sequence[RegionCandidate],

@@ -1,34 +1,122 @@
-"""``apply_checkpointing(offload=...)`` (issue 39): the eager runtime plans recomputation only.
+"""``apply_checkpointing(offload="auto")`` (issue 39): the eager runtime's planner chooses, per
+module region, keep, recompute (checkpoint) or offload (saved-tensor hooks), and the simulator
+predicts what the runtime holds.
 
-Its region planner does not choose offloads, so ``offload="auto"`` is refused before anything is
-captured or applied, with the entry points that do plan offloads named; ``offload=False`` plans
-as without it.
+On the CPU the copy to host is made outside dispatch modes (`frontends.graph_runtime.offload_ops`),
+so the live-memory tracker counts what a GPU would hold on the device: the predicted peak is
+checked against it to the byte, and the bytes the planner says leave the device against the
+bytes the runtime brings back.
 """
 
 from __future__ import annotations
 
-import pytest
-from e2e_helpers import load_example, small_mlp
+import copy
+from types import SimpleNamespace
 
+import pytest
+import torch
+from e2e_helpers import load_example, loss_of, max_relative_error, measured_peak
+
+from frontends.eager_runtime.eager_checkpoint import apply_regions, load_checkpointing
+from frontends.eager_runtime.eager_offload import OffloadedForward, offload_session
+from frontends.eager_runtime.split_capture import on_cpu
 from optimizer import apply_checkpointing
-from optimizer.checkpointing import EAGER_OFFLOAD_REFUSED, checkpointed_modules
+from optimizer.checkpointing import _capture_step, _policies, checkpointed_modules, remove_checkpointing
+from solvers.ir.link import Link
+from solvers.planning.eager_plan import OFFLOAD, OFFLOAD_PREFETCH, OFFLOADS, RegionModel
 from solvers.planning.request import PlanRequest
 
+FAST = Link("test-fast", 1e15, 1e15, 0.0)
+"""A link whose copies cost nothing: offloading wins wherever it saves memory."""
+SLOW = Link("test-slow", 1e8, 1e8)
 
-@pytest.mark.parametrize("how", ["keyword", "request"])
-def test_offload_auto_is_refused_naming_the_runtimes_that_plan_it(how):
-    model, inputs = small_mlp()
-    settings = {"offload": "auto", "link": "pcie4"}
-    with pytest.raises(ValueError, match="optimize.*offload='auto'.*remat_backend") as refused:
-        if how == "keyword":
-            apply_checkpointing(model, inputs, budget="70%", **settings)
-        else:
-            apply_checkpointing(model, inputs, budget=PlanRequest.of("70%", "test", **settings))
-    assert str(refused.value) == EAGER_OFFLOAD_REFUSED and "apply_offloading" in EAGER_OFFLOAD_REFUSED
-    assert not checkpointed_modules(model)  # nothing applied
+
+def _grads(model: torch.nn.Module, inputs: tuple) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss_of(model(*inputs)).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model, inputs = load_example("gpt", dropout=0.0)
+    return model, inputs, _grads(copy.deepcopy(model), inputs)
+
+
+@pytest.mark.parametrize("link, budget", [(FAST, "70%"), (SLOW, "60%"), (SLOW, "62%")])
+def test_offloading_plan_runs_at_its_predicted_peak_with_plain_gradients(gpt, link, budget):
+    base, inputs, reference = gpt
+    model = copy.deepcopy(base)
+    plan = apply_checkpointing(model, inputs, budget=budget, offload="auto", link=link, compare=False)
+    offloaded = [r for r in plan.regions if r.option in OFFLOADS]
+    assert offloaded and plan.plan.offloaded and plan.plan.link
+    assert plan.predicted_peak_bytes <= plan.budget_bytes
+    assert set(checkpointed_modules(model)) == {r.path for r in plan.regions}
+    assert measured_peak(model, inputs) == plan.predicted_peak_bytes
+    counts = offload_session(model).counts
+    # exactly the values the plan sends to host come back (one copy per storage)
+    assert counts.reloaded_bytes == sum(b for _, b in plan.plan.offloaded) > 0
+    assert max_relative_error(_grads(model, inputs), reference) <= 1e-10
+    if link is SLOW:  # copies that compute cannot hide are charged as extra time
+        assert plan.plan.stall_time_s > 0 and plan.extra_time_s >= plan.plan.stall_time_s
+    assert "offloaded" in plan.plan.message
+
+
+def test_budget_below_the_recompute_only_floor_fits_with_offload(gpt):
+    base, inputs, _ = gpt
+    with pytest.raises(Exception, match="no schedule fits"):
+        apply_checkpointing(copy.deepcopy(base), inputs, budget="60%", compare=False)
+    plan = apply_checkpointing(copy.deepcopy(base), inputs, budget="60%", offload="auto", link=SLOW,
+                               compare=False)
+    assert "no recompute-only selection fits" in plan.plan.message
+    assert not plan.plan.fits_without_offload or plan.plan.offloaded
+
+
+def test_mixed_checkpoint_and_offload_regions_are_predicted_to_the_byte(gpt):
+    """Checkpointed modules beside offloaded ones, with and without prefetch, chosen by hand."""
+    base, inputs, reference = gpt
+    model = copy.deepcopy(base)
+    request = PlanRequest.of("100%", "test")
+    step = _capture_step(model, inputs, None, 1, (request.cost_model, request.grad_outputs,
+                                                   request.python_side_effects), on_cpu(model, inputs))
+    regions = RegionModel(step.graph, step.found, step.labels.chunks, SLOW)
+    wanted = {"blocks.0": OFFLOAD_PREFETCH, "blocks.1.attn": "none", "blocks.1.mlp": OFFLOAD,
+              "blocks.2": OFFLOAD_PREFETCH}
+    choices = [o for path, option in wanted.items() for o in regions.options[path] if o.option == option]
+    assert len(choices) == len(wanted)
+    predicted = regions.evaluate(choices)
+    apply_regions(model, _policies(SimpleNamespace(choices=tuple(choices)), step.graph, step.trace, list(step.found)))
+    assert measured_peak(model, inputs) == predicted.peak_bytes
+    assert offload_session(model).counts.reloaded_bytes == sum(step.graph[v].bytes for v in predicted.offloaded)
+    assert max_relative_error(_grads(model, inputs), reference) <= 1e-10
+
+
+def test_offloading_plan_saves_loads_and_copies(gpt, tmp_path):
+    base, inputs, reference = gpt
+    model = copy.deepcopy(base)
+    plan = apply_checkpointing(model, inputs, budget="70%", offload="auto", link=FAST, compare=False)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    fresh = copy.deepcopy(base)
+    loaded = load_checkpointing(fresh, path)
+    assert [(r.path, r.option) for r in loaded.regions] == [(r.path, r.option) for r in plan.regions]
+    assert measured_peak(fresh, inputs) == plan.predicted_peak_bytes
+    clone = copy.deepcopy(model)  # a copied model's wrappers share a session of their own
+    assert offload_session(clone) is not offload_session(model)
+    assert max_relative_error(_grads(clone, inputs), reference) <= 1e-10
+    assert remove_checkpointing(model) == len(plan.regions)
+    assert not any(isinstance(m.__dict__.get("forward"), OffloadedForward) for m in model.modules())
 
 
 def test_offload_false_plans_recomputation():
     model, inputs = load_example("gpt", dropout=0.0)
     plan = apply_checkpointing(model, inputs, budget="70%", offload=False, compare=False)
     assert plan.runtime == "eager" and not plan.plan.offloaded and checkpointed_modules(model)
+    assert all(r.option not in OFFLOADS for r in plan.regions)
+
+
+def test_link_without_offload_is_refused():
+    model, inputs = load_example("gpt", dropout=0.0)
+    with pytest.raises(ValueError, match="offload='auto'"):
+        apply_checkpointing(model, inputs, budget="70%", link="pcie4", compare=False)
+    assert not checkpointed_modules(model)

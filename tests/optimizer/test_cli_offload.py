@@ -68,7 +68,23 @@ def test_offload_flag_usage_errors(tmp_path, capsys):
     assert main([str(model), "--budget", "75%", "--meta", "--offload", "usb3"]) == EXIT_USAGE
     assert "pcie4, pcie5, nvlink-c2c" in capsys.readouterr().err
     assert main([str(model), "--budget", "75%", "--offload"]) == EXIT_USAGE
-    assert "add --meta" in capsys.readouterr().err
+    assert "(--meta), for the eager runtime (--runtime eager)" in capsys.readouterr().err
+
+
+def test_eager_runtime_offload_plans_below_its_recompute_only_floor(tmp_path, capsys):
+    """--runtime eager --offload LINK: the region planner offloads whole modules, and the step it
+    measures holds what it predicted (on the CPU the memory tracker counts device bytes)."""
+    common = [example_path("gpt"), "--budget", "53%", "--runtime", "eager", "--time-limit", "10"]
+    assert main(common) == EXIT_INFEASIBLE  # no checkpointing plan reaches 53% of plain autograd
+    capsys.readouterr()
+    summary = tmp_path / "eager.json"
+    assert main([*common, "--offload", "pcie4", "--measure", "--json", str(summary)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ offloaded \(", out) and "to host and back over pcie4" in out
+    assert "measured peak" in out and "(+0.00% vs planned)" in out
+    plan = json.loads(summary.read_text())
+    assert any(r["option"].startswith("offload") for r in plan["regions"])
+    assert plan["summary"]["offloaded_bytes"] > 0 and plan["summary"]["link"].startswith("pcie4")
 
 
 WIDE_VOCAB = textwrap.dedent(f'''

@@ -14,6 +14,7 @@ from torch import nn
 from frontends.eager_runtime.eager_checkpoint import CheckpointPlanError, remove_checkpointing
 from frontends.eager_runtime.eager_offload import (
     OffloadedForward,
+    OffloadSession,
     apply_offloading,
     offloaded_modules,
     offloaded_saved_tensors,
@@ -91,6 +92,42 @@ def test_apply_offloading_on_gpt_blocks_with_dropout_gives_plain_gradients():
     assert max_relative_error(_grads(clone, inputs, seed=3), reference) <= 1e-10
     assert remove_checkpointing(model) == len(blocks) and offloaded_modules(model) == ()
     assert not any(isinstance(m.__dict__.get("forward"), OffloadedForward) for m in model.modules())
+
+
+def test_a_saved_tensor_held_outside_the_region_is_read_on_the_device_not_copied_back():
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    h = x @ w  # the caller keeps h through backward
+    session = OffloadSession()
+    with offloaded_saved_tensors((), session, prefetch=False):
+        inside = h.sin()  # saves h: copied to host all the same
+    inside.sum().backward()
+    assert torch.allclose(w.grad, x.t() @ h.detach().cos(), rtol=1e-12, atol=0)
+    assert session.counts.host_bytes == 8 * 16 * 8 and session.counts.read_on_device == 1
+    assert session.counts.reloaded_bytes == 0
+
+
+def test_the_first_unpack_of_a_region_brings_back_the_region_before_it_when_it_prefetches():
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    for prefetch, reloaded_at_first_unpack in ((True, 2), (False, 1)):
+        session = OffloadSession()
+        with offloaded_saved_tensors((), session, prefetch=prefetch):
+            a = (x @ w).sin()  # saves x @ w
+        with offloaded_saved_tensors((), session):
+            b = (a * 2).sin()  # saves its input (a * 2), which nothing else holds
+        seen = []
+
+        def hook(grad, seen=seen, session=session):
+            seen.append(session.counts.reloaded_bytes)
+            return grad
+
+        a.register_hook(hook)  # runs after the second region's backward, before the first's
+        b.sum().backward()
+        assert seen == [reloaded_at_first_unpack * 8 * 16 * 8]
+        assert session.counts.reloaded_bytes == 2 * 8 * 16 * 8
 
 
 def test_run_offloaded_and_bad_paths():
