@@ -19,7 +19,7 @@ partitioner's memory and FLOPs instead.
         [--device cpu|cuda] [--size cpu|gpu] [--dtype float32|bfloat16] [--cost-model device]
         [--offload] [--out FILE.md]
 
-``--offload`` adds remat-opt's graph runtime with ``offload="auto"`` at the same peak, its copies
+``--offload`` adds remat-opt's graph and eager runtimes with ``offload="auto"`` at the same peak, their copies
 priced on the link measured on the device (``link="measured"``), beside the recompute-only plan
 (issue 39's GPU check). On the CPU the copies are synchronous host copies that stay in the same
 memory: that row's peak and time say nothing about a GPU there.
@@ -197,6 +197,20 @@ def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callabl
         strategies.append(Strategy("remat-opt graph + offload, at per-block's peak", rm,
                                    rm.plan.predicted_peak_bytes, note, predicted_extra_s=rm.plan.extra_time_s))
         log(f"{work.name}: offload planned in {time.perf_counter() - start:.1f} s ({note})")
+        start = time.perf_counter()
+        eager = fresh()
+        try:
+            plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False,
+                                       time_limit=time_limit, cost_model=cost_model, offload="auto", link="measured")
+            regions = [r for r in plan.regions if r.option.startswith("offload")]
+            moved = sum(nbytes for _, nbytes in plan.plan.offloaded)
+            note = (f"{len(regions)} modules, {moved / 2**20:.0f} MiB to host over {plan.plan.link}" if regions
+                    else "no offload won (recompute only)")
+            strategies.append(Strategy("remat-opt eager + offload, at per-block's peak", eager,
+                                       plan.predicted_peak_bytes, note, predicted_extra_s=plan.extra_time_s))
+        except InfeasibleBudgetError as err:
+            note = f"refused per-block's peak: {str(err).splitlines()[0][:80]}"
+        log(f"{work.name}: eager offload planned in {time.perf_counter() - start:.1f} s ({note})")
     eager = fresh()
     try:
         plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False, time_limit=time_limit,
@@ -300,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="remat-opt's cost model (default device: time measured on this CPU or the "
                              "GPU's datasheet roofline); its extra_time_s is shown beside the measured extra")
     parser.add_argument("--offload", action="store_true",
-                        help="also the graph runtime with offload='auto' on the measured link (see above)")
+                        help="also the graph and eager runtimes with offload='auto' on the measured link (see above)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -185,8 +185,7 @@ def apply_checkpointing(
         step, mlp_chunks = choice.captured, choice.chunks[1]
         solved[id(step)] = dataclasses.replace(solved[id(step)], plan=choice.plan)
     solution, plan = solved[id(step)].solution, solved[id(step)].plan
-    graph, base_graph, trace, found, splits, labels = (step.graph, step.base_graph, step.trace, step.found,
-                                                      step.splits, step.labels)
+    graph, trace, found, splits, labels = step.graph, step.trace, step.found, step.splits, step.labels
     if step.captured.notes or step.notes:
         plan = dataclasses.replace(plan, message="; ".join((plan.message, *step.notes, *step.captured.notes)))
     regions = _policies(solution, graph, trace, found)
@@ -205,8 +204,8 @@ def apply_checkpointing(
     if unsplit_peak is not None:
         summary["unsplit_store_all_peak_bytes"] = unsplit_peak
     if compare:
-        summary.update(_comparisons(graph, base_graph, found, plan.budget_bytes, request.time_limit, labels.chunks,
-                                    loop))
+        summary.update(_comparisons(graph, step.captured.graph, found, plan.budget_bytes, request.time_limit,
+                                    labels.chunks, loop))
     apply_regions(model, regions, splits)
     return CheckpointPlan(regions=regions, model_signature=model_signature(model),
                           model_class=type(model).__name__, plan=plan,
@@ -220,8 +219,6 @@ class _EagerStep:
 
     graph: RematGraph
     """What the planner solves: module labels (chunks included) and the values regions hold."""
-    base_graph: RematGraph
-    """The same without the holds (the graph runtime's comparison plans it)."""
     captured: Any
     trace: EagerTrace
     labels: Any
@@ -242,7 +239,7 @@ def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, ca
     base_graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, cpu)
     found = candidates(base_graph, trace, model)
     graph = with_holds(base_graph, held_values(base_graph, trace, found))
-    return _EagerStep(graph, base_graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
+    return _EagerStep(graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
 
 
 def _solve(step: _EagerStep, budget: Budget | int, loop: TrainingLoop, time_limit: float,
@@ -264,11 +261,12 @@ def _solve(step: _EagerStep, budget: Budget | int, loop: TrainingLoop, time_limi
     return _Solved(solution, plan)
 
 
-def _comparisons(graph, base_graph, found, budget: int, time_limit: float,
+def _comparisons(graph, captured_graph, found, budget: int, time_limit: float,
                  chunked: tuple[str, ...] = (), loop: TrainingLoop | None = None) -> dict[str, Any]:
     """Per-block checkpointing (checkpoint every repeated block, save nothing) and the graph
     runtime's plan at the same budget, for the summary; with the ``loop``'s optimizer and
-    accumulation counted as in the plan."""
+    accumulation counted as in the plan. The graph runtime plans ``captured_graph``, the step it
+    would run (not the eager planner's graph, whose release points are eager autograd's)."""
     loop = loop or TrainingLoop()
     out: dict[str, Any] = {}
     blocks = [b.path for b in find_blocks(graph)]
@@ -279,7 +277,7 @@ def _comparisons(graph, base_graph, found, budget: int, time_limit: float,
         out["per_block_peak_bytes"] = max(per_block.simulation.peak_bytes + loop.held_bytes(graph),
                                           loop.step_peak_bytes(end_bytes(per_block.simulation), graph))
     try:
-        graph_plan = plan_graph(base_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)),
+        graph_plan = plan_graph(captured_graph, budget, "auto", SolverOptions(time_limit_s=min(time_limit, 20.0)),
                                 loop=loop)
         out["graph_runtime_extra_flops"] = graph_plan.extra_flops
         out["graph_runtime_extra_time_s"] = graph_plan.extra_time_s

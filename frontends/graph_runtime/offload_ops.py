@@ -36,7 +36,8 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from frontends.torch_compat import _disable_current_modes
 
 _SIDE_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
 _EVENTS: dict[int, tuple[weakref.ref, torch.cuda.Event]] = {}
