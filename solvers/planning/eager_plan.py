@@ -769,14 +769,24 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     leanest: tuple[int, Point, SimulationResult] | None = None
     over: list[Point] = []  # cheaper selections that peaked over the budget while recomputing
 
-    def fits(point: Point) -> bool:
-        """Simulate ``point``; keep it as the incumbent when it fits."""
-        nonlocal tried, best, leanest
-        sim = model.evaluate(point[2])
-        tried += 1
+    host_refused = [False]  # a selection met the device budget but held more than host_budget on host
+
+    def lean(point: Point, sim: SimulationResult) -> bool:
+        """Track the leanest selection within the host budget; whether ``sim`` is within it."""
+        nonlocal leanest
+        if host_budget is not None and sim.host_peak_bytes > host_budget:
+            host_refused[0] |= sim.peak_bytes <= budget_bytes
+            return False
         if leanest is None or sim.peak_bytes < leanest[0]:
             leanest = (sim.peak_bytes, point, sim)
-        if sim.peak_bytes <= budget_bytes and (host_budget is None or sim.host_peak_bytes <= host_budget):
+        return True
+
+    def fits(point: Point) -> bool:
+        """Simulate ``point``; keep it as the incumbent when it fits."""
+        nonlocal tried, best
+        sim = model.evaluate(point[2])
+        tried += 1
+        if lean(point, sim) and sim.peak_bytes <= budget_bytes:
             best = (sim, point)
         return best is not None and best[1] is point
 
@@ -798,15 +808,16 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     if best is None:
         # The leanest plan found: the selections that save the most, simulated (a few dozen).
         for point in sorted(front, key=lambda p: -p[0])[:LEANEST_TRIES]:
-            sim = model.evaluate(point[2])
-            if leanest is None or sim.peak_bytes < leanest[0]:
-                leanest = (sim.peak_bytes, point, sim)
+            lean(point, model.evaluate(point[2]))
         smallest = leanest[0] if leanest else store_all.peak_bytes
         why = (" (eager runtime: no submodule's checkpoint saves memory here: modules that update "
                "state, such as BatchNorm in training, are not checkpointed, nor ops outside "
                "submodules; optimize() can plan them)" if not any(model.options.values()) and not model.chunk_groups
                else f" (eager runtime: the leanest {'checkpointing or offloading' if link else 'checkpointing'} plan "
                "found; optimize() can go lower)")
+        if host_refused[0]:
+            why += (f" (within the host budget of {host_budget:,} bytes: the offloading plans that fit the device "
+                    "budget hold more on host)")
         raise InfeasibleBudgetError(budget_bytes, smallest, why, exact=False, lower_bound_bytes=None)
     sim, point = best
     choices = tuple(sorted(model.complete(point[2]), key=lambda o: model.order[model.regions[o.path][0]]))

@@ -120,3 +120,18 @@ def test_link_without_offload_is_refused():
     with pytest.raises(ValueError, match="offload='auto'"):
         apply_checkpointing(model, inputs, budget="70%", link="pcie4", compare=False)
     assert not checkpointed_modules(model)
+
+
+def test_host_budget_bounds_what_the_offloading_plan_keeps_on_host(gpt):
+    base, inputs, _ = gpt
+    free = apply_checkpointing(copy.deepcopy(base), inputs, budget="70%", offload="auto", link=FAST, compare=False)
+    limit = free.plan.host_peak_bytes * 3 // 4
+    bounded = apply_checkpointing(copy.deepcopy(base), inputs, budget="70%", offload="auto", link=FAST,
+                                  host_budget=limit, compare=False)
+    assert 0 < bounded.plan.host_peak_bytes <= limit < free.plan.host_peak_bytes
+    assert bounded.predicted_peak_bytes <= bounded.budget_bytes
+    # below the recompute-only floor, a host budget too small for any fitting offload plan is named
+    with pytest.raises(Exception, match="within the host budget of") as refused:
+        apply_checkpointing(copy.deepcopy(base), inputs, budget="60%", offload="auto", link=SLOW,
+                            host_budget=2**20, compare=False)
+    assert "no schedule fits" in str(refused.value)
