@@ -138,7 +138,8 @@ def accumulating_peak(graph: RematGraph, schedule: Schedule) -> int:
         made = sum(n for g, n in sizes.items() if g in live and g not in computing)
         worst = max(worst, live_bytes - made + total)
 
-    simulate(graph, schedule, observe)
+    copies = any(s.kind in (StepKind.OFFLOAD, StepKind.RELOAD) for s in steps)
+    simulate(graph, schedule, observe, link="pcie4" if copies else None)  # bytes do not depend on the link's speed
     return worst
 
 
