@@ -75,14 +75,14 @@ __all__ = ["OFFLOAD", "OFFLOAD_PREFETCH", "OFFLOADS",
 
 
 class _Stored:
-    """One device storage a region call saved: its host copy, and its device copy while backward
-    needs it."""
+    """One device storage that offloaded region calls saved: its host copy, and its device copy
+    while backward needs it. Shared by every call of the session that saves the storage (the
+    rotary tables every decoder layer saves go to host once and come back once)."""
 
-    __slots__ = ("host", "device", "device_storage", "reloaded", "pending", "record")
+    __slots__ = ("host", "device", "device_storage", "reloaded", "pending", "__weakref__")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, storage: torch.UntypedStorage,
-                 record: "_RegionCall") -> None:
-        self.host, self.device, self.record = host, device, record
+    def __init__(self, host: torch.Tensor, device: torch.device, storage: torch.UntypedStorage) -> None:
+        self.host, self.device = host, device
         self.device_storage = weakref.ref(storage)
         """The device storage as forward made it: alive at unpack when something else holds it."""
         self.reloaded: torch.Tensor | None = None
@@ -93,13 +93,13 @@ class _Stored:
     def on_device(self) -> torch.UntypedStorage | None:
         return self.device_storage()
 
-    def bring_back(self) -> None:
+    def bring_back(self, counts: Iterable[OffloadCounts]) -> None:
         """Start copying back, unless the device storage is alive or a copy is already on its way."""
         if self.reloaded is None and self.on_device() is None:
             host_copy_ready(self.host, self.device)
             self.reloaded = reload_to_device(self.host, self.device)
-            for counts in (self.record.counts, self.record.session.counts):
-                counts.reloaded_bytes += self.host.untyped_storage().nbytes()
+            for c in counts:
+                c.reloaded_bytes += self.host.untyped_storage().nbytes()
 
 
 class _RegionCall:
@@ -117,16 +117,17 @@ class _RegionCall:
 
     def bring_back(self) -> None:
         for entry in self.stored:
-            entry.bring_back()
+            entry.bring_back((self.counts, self.session.counts))
 
 
 class _Packed:
-    """A saved tensor as the hook keeps it: its storage's entry and its layout there."""
+    """A saved tensor as the hook keeps it: its storage's entry, the call that saved it, and its
+    layout in the storage."""
 
-    __slots__ = ("entry", "dtype", "offset", "size", "stride")
+    __slots__ = ("entry", "call", "dtype", "offset", "size", "stride")
 
-    def __init__(self, entry: _Stored, tensor: torch.Tensor) -> None:
-        self.entry, self.dtype = entry, tensor.dtype
+    def __init__(self, entry: _Stored, call: _RegionCall, tensor: torch.Tensor) -> None:
+        self.entry, self.call, self.dtype = entry, call, tensor.dtype
         self.offset, self.size, self.stride = tensor.storage_offset(), tensor.size(), tensor.stride()
 
     def view_of(self, storage: torch.UntypedStorage) -> torch.Tensor:
@@ -136,10 +137,15 @@ class _Packed:
 
 class OffloadSession:
     """The offloaded regions of one model, shared by their wrappers: the order their calls ran
-    in forward, so that backward reaching one call prefetches the one before it."""
+    in forward, so that backward reaching one call prefetches the one before it, and one entry per
+    device storage they saved."""
 
     def __init__(self) -> None:
         self._calls: list[weakref.ref[_RegionCall]] = []
+        self._entries: weakref.WeakValueDictionary[tuple[torch.device, int], _Stored] = weakref.WeakValueDictionary()
+        """(device, address) -> entry, while a saved tensor refers to it. An address is reused once
+        its storage dies; the entry's weak reference to the storage tells them apart (a storage's
+        Python object lives exactly as long as the storage)."""
         self.counts = OffloadCounts()
         """Totals over every call of the session's regions (since it was made)."""
 
@@ -148,6 +154,22 @@ class OffloadSession:
         call = _RegionCall(self, counts, prefetch)
         self._calls.append(weakref.ref(call))
         return call
+
+    def entry_for(self, tensor: torch.Tensor, call: _RegionCall) -> _Stored:
+        """The entry of ``tensor``'s storage, its host copy started on first sight."""
+        storage = tensor.untyped_storage()
+        key = (tensor.device, storage.data_ptr())
+        entry = self._entries.get(key)
+        if entry is None or entry.on_device() is not storage:
+            host = offload_to_host(tensor.detach())
+            release_after_copy(tensor)
+            entry = _Stored(host, tensor.device, storage)
+            self._entries[key] = entry
+            for c in (call.counts, self.counts):
+                c.host_bytes += storage.nbytes()
+        if not any(e is entry for e in call.stored):
+            call.stored.append(entry)
+        return entry
 
     def start_backward(self, call: _RegionCall) -> None:
         """``call``'s first unpack: bring back its values, and those of the call before it when
@@ -178,9 +200,6 @@ def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = (), session: Offl
     session = session if session is not None else OffloadSession()
     counts = OffloadCounts()
     call = session.begin(counts, prefetch)
-    # one entry per device storage, while that storage lives (an address is reused after it
-    # dies; its Python storage object lives exactly as long as the storage, so a weak reference tells)
-    entries: dict[tuple[torch.device, int], _Stored] = {}
 
     def pack(tensor: torch.Tensor) -> Any:
         storage = tensor.untyped_storage()
@@ -188,33 +207,25 @@ def offloaded_saved_tensors(resident: Iterable[torch.Tensor] = (), session: Offl
             counts.kept_on_device += 1
             session.counts.kept_on_device += 1
             return tensor
-        key = (tensor.device, storage.data_ptr())
-        entry = entries.get(key)
-        if entry is None or entry.on_device() is not storage:
-            host = offload_to_host(tensor.detach())
-            release_after_copy(tensor)
-            entry = entries[key] = _Stored(host, tensor.device, storage, call)
-            call.stored.append(entry)
-            for c in (counts, session.counts):
-                c.host_bytes += storage.nbytes()
+        entry = session.entry_for(tensor, call)
         entry.pending += 1
         for c in (counts, session.counts):
             c.tensors += 1
-        return _Packed(entry, tensor)
+        return _Packed(entry, call, tensor)
 
     def unpack(packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Packed):
             return packed
         entry = packed.entry
-        if not entry.record.started:
-            session.start_backward(entry.record)
+        if not packed.call.started:
+            session.start_backward(packed.call)
         alive = entry.on_device()
         if alive is not None and entry.reloaded is None:
             session.counts.read_on_device += 1
-            counts.read_on_device += 1
+            packed.call.counts.read_on_device += 1
             tensor = packed.view_of(alive)
         else:
-            entry.bring_back()  # a second read (retain_graph) after the device copy was let go
+            entry.bring_back((packed.call.counts, session.counts))  # a read after its copy was let go
             reloaded = reload_done(entry.reloaded)
             tensor = packed.view_of(reloaded.untyped_storage())
         entry.pending -= 1

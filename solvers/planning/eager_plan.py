@@ -125,7 +125,8 @@ class RegionOption:
     extra_cost: float
     extra_flops: float
     offloaded: tuple[str, ...] = ()
-    """`OFFLOAD`: values that leave the device (only the region's backward reads them)."""
+    """`OFFLOAD`: values that leave the device whatever else is chosen (only the region's backward
+    reads them); a value several offloaded regions read leaves it too (`RegionModel._with_copies`)."""
     packed: tuple[str, ...] = ()
     """`OFFLOAD`: every value the region's saved-tensor hooks copy to host (``offloaded`` and those
     something outside the region keeps on the device); the first backward read of one starts the
@@ -465,8 +466,8 @@ class RegionModel:
         assert link is not None
         inside = [n for n in g.ops if n.phase is Phase.BACKWARD and within(n.module, path)]
         packed = tuple(dict.fromkeys(
-            i for n in inside for i in n.inputs
-            if g[i].kind is NodeKind.INPUT or (g[i].is_op and g[i].phase is Phase.FORWARD and not is_hold(i))))
+            i for n in inside for i in n.inputs if g[i].bytes > 0 and (
+                g[i].kind is NodeKind.INPUT or (g[i].is_op and g[i].phase is Phase.FORWARD and not is_hold(i)))))
         offloaded = tuple(v for v in packed if g[v].is_op and v not in self.pinned and g[v].bytes > 0
                           and all(within(r.module, path) for r in self.backward_readers[v]))
         forward_s = sum(g[v].cost for v in self.regions[path])
@@ -527,19 +528,23 @@ class RegionModel:
         return self._with_copies(schedule, offloads, held) if offloads else schedule
 
     def _with_copies(self, schedule: Schedule, offloads: Sequence[RegionOption], held: set[str]) -> Schedule:
-        """``schedule`` with the offloaded regions' copies where the eager runtime makes them:
-        each value goes to host after forward makes it and leaves the device after forward's
-        last read of it; at a region's first backward read of anything it saved, its values come
-        back, and so do those of the offloaded region before it in forward when that one was
-        chosen with prefetch (`OFFLOAD_PREFETCH`) and its backward has not started yet
-        (`frontends.eager_runtime.eager_offload`)."""
+        """``schedule`` with the offloaded regions' copies where the eager runtime makes them
+        (`frontends.eager_runtime.eager_offload`). A value leaves the device when only offloaded
+        regions' backward reads it (one region, or several: the runtime keeps one host copy per
+        storage, like the rotary tables every decoder layer saves) and nothing else holds it: it
+        goes to host after forward makes it and is freed after forward's last read. It comes back
+        once, at the first of its regions' reload points: a region's first backward read of
+        anything it saved, or, for a region chosen with prefetch (`OFFLOAD_PREFETCH`), the next
+        offloaded region's in forward order when that one's backward starts first."""
         g = self.graph
         steps, n_forward = schedule.steps, len(schedule.forward)
-        leaving = {c.path: [v for v in c.offloaded if v not in held] for c in offloads}
-        wanted = frozenset(v for vs in leaving.values() for v in vs)
-        reads = value_reads(g, steps, n_forward, wanted)
+        paths = [c.path for c in offloads]
+        leaving = [v for v in dict.fromkeys(v for c in offloads for v in c.packed)
+                   if g[v].is_op and v not in self.pinned and v not in held
+                   and all(any(within(r.module, p) for p in paths) for r in self.backward_readers[v])]
+        reads = value_reads(g, steps, n_forward, frozenset(leaving))
         after: dict[int, list[Step]] = {}
-        for v in sorted(wanted, key=g.position):
+        for v in sorted(leaving, key=g.position):
             after.setdefault(reads.produced[v], []).append(offload(v))
             after.setdefault(reads.last_forward.get(v, reads.produced[v]), []).append(free(v))
         in_forward = [c for c in sorted(offloads, key=lambda c: self.order[self.regions[c.path][0]]) if c.packed]
@@ -552,19 +557,15 @@ class RegionModel:
             for c in in_forward:
                 if c.path not in starts and within(node.module, c.path) and set(c.packed).intersection(node.inputs):
                     starts[c.path] = index
+        never = len(steps)
+        back_at = {c.path: starts.get(c.path, never) for c in in_forward}
+        for c, following in zip(in_forward, in_forward[1:]):
+            if c.option == OFFLOAD_PREFETCH:
+                back_at[c.path] = min(back_at[c.path], starts.get(following.path, never))
         reloads: dict[int, list[str]] = {}
-        brought: set[str] = set()
-        for i, c in sorted(enumerate(in_forward), key=lambda ic: starts.get(ic[1].path, len(steps))):
-            if c.path not in starts:
-                continue
-            previous = in_forward[i - 1] if i > 0 else None
-            regions = [c] + ([previous] if previous is not None and previous.option == OFFLOAD_PREFETCH
-                             and starts.get(previous.path, len(steps)) > starts[c.path] else [])
-            for region in regions:
-                for v in leaving[region.path]:
-                    if v not in brought:
-                        brought.add(v)
-                        reloads.setdefault(starts[c.path], []).append(v)
+        for v in leaving:
+            at = min(back_at[c.path] for c in in_forward if v in c.packed)
+            reloads.setdefault(at, []).append(v)
         return emit_copies(steps, n_forward, after, {}, reloads)
 
     def evaluate(self, choices: Sequence[RegionOption]) -> SimulationResult:
