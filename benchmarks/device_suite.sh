@@ -35,7 +35,11 @@ echo "== CUDA tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -rs \
     "tests/frontends/graph_runtime/test_training_loop_shapes.py::test_dropout_replay_is_bitwise_at_a_budget_the_device_reaches" \
     tests/frontends/measure/test_memory_tracker.py::test_cuda_storages_and_backward \
-    tests/frontends/measure/test_measure.py::test_cuda_peak_is_max_memory_allocated 2>&1 | tee "$out/cuda_tests.log" | tail -15
+    tests/frontends/measure/test_measure.py::test_cuda_peak_is_max_memory_allocated \
+    tests/optimizer/test_checkpointing_offload.py::test_offloading_plan_on_cuda_holds_its_predicted_peak_with_plain_gradients \
+    tests/frontends/eager_runtime/test_eager_offload.py::test_offloaded_region_on_cuda_gives_plain_gradients \
+    tests/frontends/graph_runtime/test_graph_offload.py::test_mlp_on_cuda_with_offloads_gives_eager_gradients \
+    2>&1 | tee "$out/cuda_tests.log" | tail -15
 
 echo "== the whole suite"
 timeout "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -n 14 --dist loadfile -rfE \
