@@ -468,7 +468,7 @@ class RegionModel:
         packed = tuple(dict.fromkeys(
             i for n in inside for i in n.inputs if g[i].bytes > 0 and (
                 g[i].kind is NodeKind.INPUT or (g[i].is_op and g[i].phase is Phase.FORWARD and not is_hold(i)))))
-        offloaded = tuple(v for v in packed if g[v].is_op and v not in self.pinned and g[v].bytes > 0
+        offloaded = tuple(v for v in packed if g[v].is_op and v not in self.pinned
                           and all(within(r.module, path) for r in self.backward_readers[v]))
         forward_s = sum(g[v].cost for v in self.regions[path])
         backward_s = sum(n.cost for n in inside)
@@ -548,24 +548,30 @@ class RegionModel:
             after.setdefault(reads.produced[v], []).append(offload(v))
             after.setdefault(reads.last_forward.get(v, reads.produced[v]), []).append(free(v))
         in_forward = [c for c in sorted(offloads, key=lambda c: self.order[self.regions[c.path][0]]) if c.packed]
-        starts: dict[str, int] = {}
+        packed = {c.path: frozenset(c.packed) for c in in_forward}
+        starts: dict[str, int] = {}  # the first backward step that reads what the region saved
         for index in range(n_forward, len(steps)):
+            if len(starts) == len(in_forward):
+                break
             step = steps[index]
             if step.kind is not StepKind.COMPUTE:
                 continue
             node = g[step.node]
             for c in in_forward:
-                if c.path not in starts and within(node.module, c.path) and set(c.packed).intersection(node.inputs):
+                if c.path not in starts and within(node.module, c.path) and not packed[c.path].isdisjoint(node.inputs):
                     starts[c.path] = index
         never = len(steps)
         back_at = {c.path: starts.get(c.path, never) for c in in_forward}
         for c, following in zip(in_forward, in_forward[1:]):
             if c.option == OFFLOAD_PREFETCH:
                 back_at[c.path] = min(back_at[c.path], starts.get(following.path, never))
+        first_back: dict[str, int] = {}
+        for c in in_forward:
+            for v in c.packed:
+                first_back[v] = min(first_back.get(v, never), back_at[c.path])
         reloads: dict[int, list[str]] = {}
         for v in leaving:
-            at = min(back_at[c.path] for c in in_forward if v in c.packed)
-            reloads.setdefault(at, []).append(v)
+            reloads.setdefault(first_back[v], []).append(v)
         return emit_copies(steps, n_forward, after, {}, reloads)
 
     def evaluate(self, choices: Sequence[RegionOption]) -> SimulationResult:
