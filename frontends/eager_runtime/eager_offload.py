@@ -256,13 +256,9 @@ class OffloadedForward(InstanceForward):
         self.session, self.region = session, region
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self._original()
         if not torch.is_grad_enabled():
-            return inner(*args, **kwargs)
-        resident = list(self.module.parameters()) + list(self.module.buffers())
-        prefetch = self.region is None or self.region.option == OFFLOAD_PREFETCH
-        with offloaded_saved_tensors(resident, self.session, prefetch):
-            return inner(*args, **kwargs)
+            return self._original()(*args, **kwargs)
+        return _run_offloaded_region(self, args, kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"module": self.module, "previous": self.previous, "session": self.session,
@@ -270,6 +266,17 @@ class OffloadedForward(InstanceForward):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["module"], state["previous"], state["session"], state["region"])
+
+
+@torch.compiler.disable
+def _run_offloaded_region(wrapper: OffloadedForward, args: tuple, kwargs: dict) -> Any:
+    """An offloaded module's call, kept out of ``torch.compile``: dynamo would trace into the
+    saved-tensor hooks (storage copies, ``set_``) and recompile per tensor shape. Under compile the
+    region runs eagerly between the compiled graphs around it (a graph break per offloaded module)."""
+    resident = list(wrapper.module.parameters()) + list(wrapper.module.buffers())
+    prefetch = wrapper.region is None or wrapper.region.option == OFFLOAD_PREFETCH
+    with offloaded_saved_tensors(resident, wrapper.session, prefetch):
+        return wrapper._original()(*args, **kwargs)
 
 
 def offload_modules(model: torch.nn.Module, regions: Iterable[tuple[str, Any]],
