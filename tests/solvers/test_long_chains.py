@@ -716,7 +716,12 @@ def test_auto_on_a_long_chain_keeps_to_its_time_limit_with_slow_simulations(monk
     answer = solve_auto(graph, budget, SolverOptions(time_limit_s=limit))
     elapsed = time.perf_counter() - start
     assert answer.schedule is not None and simulate(graph, answer.schedule).peak_bytes <= budget
-    assert "best: rotor" in answer.message
+    # rotor ran within its share and is the answer, unless a later phase (swaps, repair) improved
+    # on it in the time left (a machine under load gives the phases other shares: swaps 5268 < 5270)
+    tried = dict(re.findall(r"(\S+) (\d+|-)(?:,|$)", answer.message.split("tried: ")[1]))
+    assert tried["rotor"] != "-", answer.message
+    best = answer.message.split("best: ")[1].split(";")[0]
+    assert best == "rotor" or (tried.get(best, "-") != "-" and int(tried[best]) <= int(tried["rotor"])), answer.message
     assert elapsed <= 1.2 * limit + 1.0, elapsed
 
 
