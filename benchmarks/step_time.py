@@ -55,6 +55,7 @@ from vs_pytorch_peers import wrap_blocks  # noqa: E402
 from frontends.capture.model_file import load_model_file  # noqa: E402
 from frontends.measure.step import measure_step, unique_storage_bytes  # noqa: E402
 from optimizer import InfeasibleBudgetError, apply_checkpointing, optimize  # noqa: E402
+from solvers.planning.eager_plan import OFFLOADS  # noqa: E402
 
 aten = torch.ops.aten
 _SAVED_BY_SAC = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default,
@@ -202,7 +203,7 @@ def _strategies(work: Workload, time_limit: float, cost_model: str, log: Callabl
         try:
             plan = apply_checkpointing(eager, work.args, work.kwargs, budget=budget, compare=False,
                                        time_limit=time_limit, cost_model=cost_model, offload="auto", link="measured")
-            regions = [r for r in plan.regions if r.option.startswith("offload")]
+            regions = [r for r in plan.regions if r.option in OFFLOADS]
             moved = sum(nbytes for _, nbytes in plan.plan.offloaded)
             note = (f"{len(regions)} modules, {moved / 2**20:.0f} MiB to host over {plan.plan.link}" if regions
                     else "no offload won (recompute only)")

@@ -29,7 +29,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.eager_runtime.eager_offload import OFFLOADS, OffloadedForward, offload_modules
-from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward
+from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward, wrappers_of
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
 from frontends.torch_compat import TorchDispatchMode
@@ -458,14 +458,7 @@ def checkpointed_modules(model: torch.nn.Module) -> dict[str, RegionPolicy]:
 
 def split_modules(model: torch.nn.Module) -> dict[str, SplitPolicy]:
     """Module path -> its split, for every MLP `apply_checkpointing` runs in row chunks."""
-    found = {}
-    for path, module in model.named_modules():
-        wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, InstanceForward):
-            if isinstance(wrapper, ChunkedForward):
-                found[path] = wrapper.split
-            wrapper = wrapper.previous
-    return found
+    return {path: wrapper.split for path, wrapper in wrappers_of(model, ChunkedForward)}
 
 
 def remove_checkpointing(model: torch.nn.Module) -> int:

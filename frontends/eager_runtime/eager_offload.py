@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward
+from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward, wrappers_of
 from frontends.graph_runtime.offload_ops import (
     host_copy_ready,
     offload_to_host,
@@ -111,12 +111,13 @@ class _RegionCall:
         """Bring its values back early: when the backward of the next call of the session starts."""
         self.counts = counts
         """This call's own counts (the session has the totals)."""
-        self.stored: list[_Stored] = []
+        self.stored: dict[int, _Stored] = {}
+        """id -> entry of every storage it saved, in the order it saved them."""
         self.started = False
         """Backward has read one of its values (its reloads and the previous call's were started)."""
 
     def bring_back(self) -> None:
-        for entry in self.stored:
+        for entry in self.stored.values():
             entry.bring_back((self.counts, self.session.counts))
 
 
@@ -167,8 +168,7 @@ class OffloadSession:
             self._entries[key] = entry
             for c in (call.counts, self.counts):
                 c.host_bytes += storage.nbytes()
-        if not any(e is entry for e in call.stored):
-            call.stored.append(entry)
+        call.stored.setdefault(id(entry), entry)
         return entry
 
     def start_backward(self, call: _RegionCall) -> None:
@@ -306,20 +306,9 @@ def apply_offloading(model: torch.nn.Module, paths: Iterable[str]) -> int:
 
 def offload_session(model: torch.nn.Module) -> OffloadSession | None:
     """The session the model's offloaded modules share (its counts), or None."""
-    for wrapper in _wrappers(model):
-        return wrapper[1].session
-    return None
+    return next((wrapper.session for _, wrapper in wrappers_of(model, OffloadedForward)), None)
 
 
 def offloaded_modules(model: torch.nn.Module) -> tuple[str, ...]:
     """Paths of the modules `apply_offloading` wrapped."""
-    return tuple(path for path, _ in _wrappers(model))
-
-
-def _wrappers(model: torch.nn.Module) -> Iterator[tuple[str, OffloadedForward]]:
-    for path, module in model.named_modules():
-        wrapper = module.__dict__.get("forward")
-        while isinstance(wrapper, InstanceForward):
-            if isinstance(wrapper, OffloadedForward):
-                yield path, wrapper
-            wrapper = wrapper.previous
+    return tuple(path for path, _ in wrappers_of(model, OffloadedForward))

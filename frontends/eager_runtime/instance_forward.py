@@ -5,7 +5,8 @@ fit the model raises: shared by the checkpoint, split and offload wrappers of th
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,3 +31,17 @@ class InstanceForward:
     def __signature__(self) -> inspect.Signature:
         """The wrapped forward's signature (Trainer and others inspect ``model.forward``)."""
         return inspect.signature(self._original())
+
+
+W = TypeVar("W", bound=InstanceForward)
+
+
+def wrappers_of(model: torch.nn.Module, kind: type[W]) -> Iterator[tuple[str, W]]:
+    """(module path, wrapper) for every ``kind`` wrapper on ``model``'s modules, outermost first
+    down each module's chain of instance ``forward``s."""
+    for path, module in model.named_modules():
+        wrapper = module.__dict__.get("forward")
+        while isinstance(wrapper, InstanceForward):
+            if isinstance(wrapper, kind):
+                yield path, wrapper
+            wrapper = wrapper.previous

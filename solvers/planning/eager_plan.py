@@ -744,10 +744,9 @@ def solve_eager(graph: RematGraph, candidates: Sequence[RegionCandidate], budget
         if recompute_only is None:
             raise
         return recompute_only
-    if not any(c.option in OFFLOADS for c in with_offload.choices) or (
-            recompute_only is not None and recompute_only.extra_cost <= with_offload.extra_cost):
-        if recompute_only is not None:
-            return recompute_only
+    offloads = any(c.option in OFFLOADS for c in with_offload.choices)
+    if recompute_only is not None and (not offloads or recompute_only.extra_cost <= with_offload.extra_cost):
+        return recompute_only
     beside = ("no recompute-only selection fits" if recompute_only is None else
               f"recompute-only: {recompute_only.extra_cost:.4g} s extra")
     return dataclasses.replace(with_offload, solve_time_s=time.perf_counter() - start,
