@@ -258,6 +258,8 @@ def _sweep_backward(lp: LinearProgram, graph: RematGraph, reads: _BackwardReads)
         fixed = resident + user_bytes
         fixed += sum(graph[t].bytes for t in graph.tangents)  # held by the caller to the end
         fixed += sum(graph[m].bytes for m in ms) + first.temp_bytes
+        if first.reuses:  # it may write into an input it reads (solvers.ir.inplace): no new bytes
+            fixed -= first.bytes
         fixed += sum(graph[i].bytes for i in read_here if graph[i].is_op and i not in users)
         row: dict[int, float] = {}
         for b, nbytes in across.items():

@@ -43,6 +43,7 @@ from frontends.capture.fx_leaves import flat_leaves
 from frontends.capture.joint_stitch import StitchedLoop, joint_of_long_loop
 from frontends.capture.output_selection import check_outputs, keep_only_losses
 from frontends.capture.symbolic_sizes import SymbolSizes, UnplannableSize
+from frontends.graph_runtime.in_place import reusable_inputs
 from frontends.graph_runtime.rng_replay import (
     RNG_STATE_META,
     RNG_STATE_OP,
@@ -522,6 +523,9 @@ def _op_values(node: torch.fx.Node, fresh: list[torch.fx.Node], reads: list[torc
     replays = claims.value_of.get(node.meta.get(RNG_STATE_META, ""), "")  # see frontends.graph_runtime.rng_replay
     if replays:
         ins = (*ins, replays)
+    reuses: tuple[str, ...] = ()
+    if len(fresh) == 1 and fresh[0] is node and not (random or mutates):
+        reuses = reusable_inputs(node, claims.value_of, _op_output_nbytes(node, node.meta["val"], sizes))
     return [Node(
         name=out.name, kind=NodeKind.OP, phase=phase,
         bytes=(state_device_bytes(node) if target is RNG_STATE_OP
@@ -529,7 +533,7 @@ def _op_values(node: torch.fx.Node, fresh: list[torch.fx.Node], reads: list[torc
         inputs=ins, group=node.name, rng_state=replays,
         cost=seconds if k == 0 else 0.0, flops=flops if k == 0 else 0.0,
         temp_bytes=temp if k == 0 else 0, random=random, mutates=mutates,
-        module=module, op=str(target),
+        module=module, op=str(target), reuses=reuses,
     ) for k, out in enumerate(fresh)]
 
 

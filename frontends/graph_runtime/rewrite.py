@@ -10,7 +10,9 @@ forward (which returns the outputs and the values backward reads: the saved set)
 backward. fx frees each value after its last read, which is exactly the simulator's model.
 A recomputed random op runs through `frontends.graph_runtime.rng_replay.replay` with the generator state saved
 before its first run, so it draws the same numbers. On the CPU, dropout's ops run through
-`frontends.graph_runtime.cpu_kernels` (same values, faster than aten's CPU kernels).
+`frontends.graph_runtime.cpu_kernels` (same values, faster than aten's CPU kernels). A compute the
+schedule follows with the free of an input it may reuse runs in place (``add_``; see
+`solvers.ir.inplace`, which the simulator reads too).
 An ``offload(v)`` step starts v's copy to host; the ``free(v)`` after it is where the device copy
 is read for the last time (after the copy is done) and the host copy becomes v, which is what
 forward saves when backward reloads it; ``reload(v)`` copies it back and the first reader waits
@@ -28,9 +30,11 @@ from torch import fx
 
 from frontends.capture.step import CapturedStep
 from frontends.graph_runtime.cpu_kernels import cpu_kernel
+from frontends.graph_runtime.in_place import in_place_call
 from frontends.graph_runtime.offload_ops import offload_done, offload_to_host, reload_done, reload_to_device
 from frontends.graph_runtime.rng_replay import RNG_STATE_META, replay, state_device
 from frontends.torch_compat import FakeTensor, _extract_fwd_bwd_modules, fake_like_mode, is_sym_node
+from solvers.ir.inplace import donations
 from solvers.ir.schedule import Schedule, Step, StepKind
 
 FORWARD_TAG, BACKWARD_TAG = "must_be_in_forward", "must_be_in_backward"
@@ -65,11 +69,13 @@ class ScheduledJoint:
 def build_scheduled_joint(captured: CapturedStep, schedule: Schedule) -> ScheduledJoint:
     """The joint graph with every op placed (and duplicated) where the schedule puts it."""
     builder = _JointBuilder(captured)
+    donated = donations(captured.graph, schedule)
     for index, step in enumerate(schedule.forward):
-        builder.step(step, FORWARD_TAG, f"forward step {index}")
+        builder.step(step, FORWARD_TAG, f"forward step {index}", donated.get(index))
     fwd_outputs = [builder.read(n, FORWARD_TAG) for n in builder.outputs[: captured.num_fwd_outputs]]
+    offset = len(schedule.forward)
     for index, step in enumerate(schedule.backward):
-        builder.step(step, BACKWARD_TAG, f"backward step {index}")
+        builder.step(step, BACKWARD_TAG, f"backward step {index}", donated.get(offset + index))
     bwd_outputs = [builder.read(n, BACKWARD_TAG) for n in builder.outputs[captured.num_fwd_outputs :]]
     return builder.finish(fwd_outputs + bwd_outputs)
 
@@ -171,7 +177,7 @@ class _JointBuilder:
         return copy
 
     # ---------------------------------------------------------------- computing
-    def compute(self, value: str, tag: str) -> None:
+    def compute(self, value: str, tag: str, donated: str | None = None) -> None:
         graph = self.captured.graph
         members = graph.group_of(value)
         if value != members[0]:
@@ -184,6 +190,8 @@ class _JointBuilder:
         saved_state = self.read(self.by_name[state], tag) if count and state else None
         copy = self._copy(op, tag, op.name + suffix)
         copy.target = cpu_kernel(op)
+        if donated is not None:  # the schedule frees that input right here: write into it
+            copy.target, copy.args = in_place_call(op, copy.args, donated, self.captured.value_of)
         if tag == BACKWARD_TAG and op.target in _WITHOUT_STATS:
             copy.target, copy.args = _WITHOUT_STATS[op.target](copy.args)
         if saved_state is not None:  # a recomputed random op draws what its first run drew
@@ -215,11 +223,12 @@ class _JointBuilder:
         self.version[value] = self.version.get(value, 0) + 1
 
     # ----------------------------------------------------- offloading (see offload_ops)
-    def step(self, step: Step, tag: str, where: str) -> None:
-        """Place one schedule step: a compute, an offload or reload, or a free (which only
-        matters after an offload: fx frees every other value after its last read)."""
+    def step(self, step: Step, tag: str, where: str, donated: str | None = None) -> None:
+        """Place one schedule step: a compute (in place on ``donated``, `solvers.ir.inplace`), an
+        offload or reload, or a free (which only matters after an offload: fx frees every other
+        value after its last read)."""
         if step.kind is StepKind.COMPUTE:
-            self.compute(step.node, tag)
+            self.compute(step.node, tag, donated)
         elif step.kind is StepKind.OFFLOAD:
             self.offload(step.node, tag, f"{where} ({step})")
         elif step.kind is StepKind.RELOAD:

@@ -31,6 +31,9 @@ class CheckmateData:
     once: tuple[bool, ...]
     group_bytes: tuple[int, ...]
     temp_bytes: tuple[int, ...]
+    reuse_bytes: tuple[int, ...]
+    """Bytes a group's op may write into an input instead of allocating (`solvers.ir.inplace`):
+    only the lower bound reads it; the models charge the output, which is conservative."""
     needed: tuple[bool, ...]
     """Groups some output or run-once op depends on; the others are never computed."""
     values: tuple[str, ...]
@@ -134,6 +137,7 @@ def prepare(graph: RematGraph) -> CheckmateData:
         once=once,
         group_bytes=tuple(sum(graph[m].bytes for m in ms) for ms in groups),
         temp_bytes=tuple(n.temp_bytes for n in firsts),
+        reuse_bytes=tuple(n.bytes if n.reuses else 0 for n in firsts),
         needed=tuple(needed),
         values=tuple(values),
         value_bytes=tuple(graph[v].bytes for v in values),
@@ -153,7 +157,8 @@ def prepare(graph: RematGraph) -> CheckmateData:
 
 
 def lower_bound_bytes(data: CheckmateData) -> int:
-    """A peak no schedule avoids: the boundary, each needed op with its inputs, and the end.
+    """A peak no schedule avoids: the boundary, each needed op with its inputs, and the end
+    (an op that may run in place is charged its inputs only).
 
     At the end every final output (user outputs, gradients) is live, so while the last op that
     produces one runs, all of them are (the others were computed before and are kept); which
@@ -165,7 +170,7 @@ def lower_bound_bytes(data: CheckmateData) -> int:
         if data.needed[g]:
             during = sum(data.value_bytes[v] for v in data.inputs[g])
             bound = max(bound, data.resident_bytes + during + data.group_bytes[g]
-                        + data.temp_bytes[g])
+                        + data.temp_bytes[g] - data.reuse_bytes[g])
     final_bytes = sum(data.value_bytes[v] for v in data.final_outputs)
     producers = {data.producer[v] for v in data.final_outputs} - {None}  # tangents: no producer
     extra = 0
@@ -173,7 +178,7 @@ def lower_bound_bytes(data: CheckmateData) -> int:
         extra = min(data.temp_bytes[g] + sum(data.value_bytes[v] for v in data.inputs[g]
                                              if v not in data.final_outputs)
                     + sum(data.value_bytes[v] for v in data.members[g]
-                          if v not in data.final_outputs)
+                          if v not in data.final_outputs) - data.reuse_bytes[g]
                     for g in producers)
     return max(bound, data.resident_bytes + final_bytes + extra)
 

@@ -66,6 +66,10 @@ class Node:
     before its first run (also one of its inputs). A recomputation restores that state, draws the
     same numbers and puts the generator back, so only the first run advances the stream: it runs
     in forward, in the original order of the run-once ops (see `replays_rng`)."""
+    reuses: tuple[str, ...] = ()
+    """Inputs whose storage this op may take over: an elementwise op (``add``) whose output has that
+    input's bytes, dtype and layout, run in place when the schedule frees the input right after it
+    (`solvers.ir.inplace`), as eager autograd accumulates gradients in place."""
 
     @property
     def is_op(self) -> bool:
@@ -111,6 +115,10 @@ class RematGraph:
                     raise ValueError(f"nodes are not in topological order at {node.name!r}")
             if not node.is_op and node.inputs:
                 raise ValueError(f"{node.kind.value} {node.name!r} cannot have inputs")
+            if node.reuses and (not set(node.reuses) <= set(node.inputs) or node.compute_once or node.random
+                                or any(self.nodes[index[r]].bytes != node.bytes for r in node.reuses)):
+                raise ValueError(f"{node.name!r} may reuse only inputs of its own bytes, and no random "
+                                 "or mutating op reuses one")
             if node.rng_state and (not node.random or node.rng_state not in node.inputs
                                    or not self.nodes[index[node.rng_state]].compute_once):
                 raise ValueError(f"{node.name!r} replays {node.rng_state!r}: it must be a random op "
@@ -132,6 +140,8 @@ class RematGraph:
                 previous = node.group
         for members in self.groups.values():
             first = self.nodes[self._index[members[0]]]
+            if len(members) > 1 and any(self.nodes[self._index[m]].reuses for m in members):
+                raise ValueError(f"op {first.group!r} has several outputs: none of them may reuse an input")
             for name in members[1:]:
                 sibling = self.nodes[self._index[name]]
                 if sibling.inputs != first.inputs or sibling.phase != first.phase:

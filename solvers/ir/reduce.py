@@ -6,11 +6,14 @@ On top of that, `reduce_graph` fuses an op ``u`` into its only reader ``v`` when
 
 - ``u`` and ``v`` are single-value ops, ``u`` is not run-once, not an output, has no
   temporaries, and every input of ``u`` is resident (a parameter, buffer or input);
-- ``bytes(v) <= bytes(u)`` or ``u`` costs nothing.
+- ``bytes(v) <= bytes(u)`` or ``u`` costs nothing;
+- ``v`` may not run in place on ``u`` (``u`` not in ``v.reuses``, `solvers.ir.inplace`).
 
 Why no optimum is lost. Fused ``w`` computes ``u`` then ``v`` and drops ``u``: its cost is the sum,
 its transient (``temp_bytes``) holds ``u``, so a fused schedule expanded back (``u``; ``v``;
-free ``u``) has exactly its cost and peak. Conversely, take any schedule of the original graph.
+free ``u``) has exactly its cost and peak (an input ``v`` writes into in place is freed right after ``v`` in
+both, so the donation rule decides alike; ``u`` is never one, and ``u``'s resident inputs never
+are). Conversely, take any schedule of the original graph.
 (1) If one instance of ``u`` feeds several computations of ``v``, keep the first ``v`` alive
 until the last read of the last one and drop the others: ``v`` now occupies the interval ``u``
 did (``bytes(v) <= bytes(u)``, or ``u`` is free so it may as well be recomputed), and cost falls.
@@ -85,6 +88,8 @@ def _fusible(graph: RematGraph, u: Node, outputs: set[str]) -> str | None:
     if len(graph.group_of(v.name)) != 1 or (v.phase != u.phase):
         return None
     if v.bytes > u.bytes and u.cost > 0:
+        return None
+    if u.name in v.reuses:  # v may run in place on u: fused, it would hold both (see below)
         return None
     return v.name
 

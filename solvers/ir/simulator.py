@@ -15,6 +15,8 @@ readable on device); the next ``free(v)`` releases its device bytes after waitin
 for the copy). The host copy counts against the host pool until reloaded or the step ends. Memory
 is exact by position; time is the compute stream's cost plus its waits on two FIFO copy streams
 (one per direction) priced by a `solvers.ir.link.Link` (`_copy_times`).
+An op may run in place (`solvers.ir.inplace.donations`): it allocates nothing, and the input whose
+storage it takes over frees nothing at its free step, which follows the op at once.
 Random ops run once, in order; one that replays a saved generator state (`Node.replays_rng`)
 may be recomputed, but its first run (the one that draws) is in forward, in that order.
 Every solver's schedule is simulated before it is used or reported.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 from solvers.ir.derived import per_graph
 from solvers.ir.graph import NodeKind, Phase, RematGraph
+from solvers.ir.inplace import donations
 from solvers.ir.link import Link, get_link
 from solvers.ir.schedule import Schedule, StepKind
 
@@ -122,6 +125,8 @@ class _SimulatorTables:
         """The same for an op with siblings, by its first member (the one a compute step names; its
         flags are the op's): the sibling rule is checked, the run-once rules hold by construction."""
         self.freeable = {n.name: n.bytes for n in graph.nodes if n.name not in self.unfreeable}
+        self.reuses = any(n.reuses for n in graph.ops)
+        """Some op may run in place (`solvers.ir.inplace`): only then are the donations looked up."""
         """Values a free step may drop (not resident, not held by the caller): only liveness to check."""
 
 
@@ -200,6 +205,8 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None,
     host_bytes = host_peak = 0
     offloaded: dict[str, None] = {}  # in order of the first offload
     saved_on_host: tuple[str, ...] = ()
+    donated = donations(graph, schedule) if tables.reuses else {}  # step -> input it writes into
+    transferred: set[str] = set()  # donated inputs whose bytes now belong to the op's output
 
     def fail(index: int, message: str) -> None:
         phase = "forward" if index < n_forward else "backward"
@@ -240,6 +247,9 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None,
                     allocated, throwaway = 0, nbytes
                 else:
                     allocated, throwaway = nbytes, 0
+                if donated and i in donated:  # in place: the input's storage becomes the output
+                    allocated = 0
+                    transferred.add(donated[i])
                 during = live_bytes + allocated + throwaway + temp_bytes
                 if during > peak:
                     peak, peak_step, peak_phase, peak_node = during, i, phase, name
@@ -293,6 +303,9 @@ def _walk(graph: RematGraph, schedule: Schedule, observe: StepObserver | None,
                 if name not in live:
                     fail(i, "frees a value that is not live")
                 live.discard(name)
+                if transferred and name in transferred:  # its storage lives on as the op's output
+                    transferred.discard(name)
+                    nbytes = 0
                 live_bytes -= nbytes
                 curve.append(live_bytes)
                 if observe is not None:

@@ -85,6 +85,9 @@ class BatchScaling:
                 moved = float(_whole(self.moved[node.group].at(offset), node.name, "bytes moved"))
                 changes.update(flops=flops, cost=self.seconds(flops, moved))
             nodes.append(dataclasses.replace(node, **changes))
+        size_of = {n.name: n.bytes for n in nodes}  # an input reused in place keeps the output's bytes
+        nodes = [n if all(size_of[r] == n.bytes for r in n.reuses) else
+                 dataclasses.replace(n, reuses=tuple(r for r in n.reuses if size_of[r] == n.bytes)) for n in nodes]
         return dataclasses.replace(graph, nodes=tuple(nodes))
 
     def covers(self, batch: int) -> bool:

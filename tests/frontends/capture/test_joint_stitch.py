@@ -73,7 +73,8 @@ def _same_ir(a, b) -> bool:
 def _renamed(step) -> list:
     number = {node.name: f"n{i}" for i, node in enumerate(step.gm.graph.nodes)}
     return [dataclasses.replace(node, name=number[node.name], group=number.get(node.group, node.group),
-                                inputs=tuple(number[i] for i in node.inputs)) for node in step.graph.nodes]
+                                inputs=tuple(number[i] for i in node.inputs),
+                                reuses=tuple(number[r] for r in node.reuses)) for node in step.graph.nodes]
 
 
 def _whole_and_stitched(model: nn.Module, x: torch.Tensor):

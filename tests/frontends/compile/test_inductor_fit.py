@@ -152,9 +152,12 @@ def test_fitted_mlp_compiles_to_within_five_percent_under_its_budget(fresh_dynam
     measured = profiled_peak(step) + resident_bytes(compiled_model, inputs)
     assert abs(measured - fit.compiled_peak_bytes) <= 4096, (measured, fit)
     assert 0.95 * budget <= measured <= budget, (measured, budget, fit.iterations)
-    assert unfitted.compiled_peak_bytes < 0.9 * budget  # what the fit recovered
+    # Nothing left to recover here: the unfused plan counts its gradient accumulations in place,
+    # as Inductor writes them (before that, the unfitted plan compiled 10% under the budget and
+    # the fit spent it); test_the_fit_spends_the_slack_fusion_leaves... covers the spending.
+    assert unfitted.compiled_peak_bytes <= budget
     assert planned.plan.extra_time_s <= unfitted.extra_time_s
-    assert planned.plan.extra_flops < unfitted.extra_flops
+    assert planned.plan.extra_flops <= unfitted.extra_flops
     summary = backend.summary()
     assert summary.compiled and summary.graph_budgets_bytes == (budget,)
     assert summary.predicted_step_peak_bytes == fit.compiled_peak_bytes
