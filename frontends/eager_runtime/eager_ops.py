@@ -187,8 +187,14 @@ def eager_graph(graph: RematGraph, gm: torch.fx.GraphModule, on_cpu: bool) -> Re
     returns (`with_autograd_node_holds`, Nodes from the captured ops' ``seq_nr``); a batch norm's
     new running statistics are their own values (`split_batch_norm_statistics`); on CPU, eager
     dropout keeps a mask of the input's dtype (``bernoulli_`` into ``empty_like``), not the
-    fused kernel's bool mask."""
+    fused kernel's bool mask. Nothing runs in place by the graph runtime's rule
+    (`solvers.ir.inplace`): eager autograd accumulates gradients by rules of its own, which the
+    graph without ``reuses`` matches (predicted = measured on the examples)."""
     autograd_node = {n.name: n.meta["seq_nr"] for n in gm.graph.nodes if n.meta.get("seq_nr") is not None}
+    if any(n.reuses for n in graph.ops):
+        graph = RematGraph(tuple(dataclasses.replace(n, reuses=()) if n.reuses else n for n in graph.nodes),
+                           graph.forward_outputs, graph.user_outputs, graph.backward_outputs,
+                           graph.cost_model, graph.name)
     graph = split_batch_norm_statistics(with_autograd_node_holds(graph, autograd_node))
     if not on_cpu:
         return graph

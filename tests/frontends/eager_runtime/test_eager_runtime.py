@@ -181,6 +181,16 @@ def test_batch_norm_blocks_are_checkpointed_and_update_statistics_once():
     assert measured_peak(model, inputs) == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
 
 
+def test_the_eager_graph_writes_nothing_in_place_by_the_graph_runtime_rule():
+    """Eager autograd accumulates by its own rules: the capture's in-place candidates
+    (`solvers.ir.inplace`, the graph runtime's) are dropped, or a residual network's eager plan
+    is predicted 32 KiB under what it measures (examples/resnet.py at per-block's peak)."""
+    model, inputs = load_example("convnet")
+    captured = capture_for_eager(model, inputs, None)
+    assert any(n.reuses for n in captured.graph.ops)
+    assert not any(n.reuses for n in eager_graph(captured.graph, captured.gm, True).ops)
+
+
 class InPlaceBlock(nn.Module):
     """BatchNorm followed by an in-place ReLU: SAC could not keep the batch norm safely."""
 
