@@ -241,7 +241,9 @@ def _next_budget(target: int, lo: FitIteration | None, hi: FitIteration | None,
             return (a + b) // 2
         return int(min(max(guess, a + 0.1 * (b - a)), b - 0.1 * (b - a)))
     if lo is None:  # every plan compiles above the budget: step down by the overshoot
-        return last.planning_budget_bytes - (last.compiled_peak_bytes - target)
+        # (at least to 1 byte: an overshoot larger than the planning budget, as Inductor gives
+        # examples/convnet.py at 60%, asked the planner for a negative budget)
+        return max(1, last.planning_budget_bytes - (last.compiled_peak_bytes - target))
     step = lo.planning_budget_bytes + (target - lo.compiled_peak_bytes)
     guess = _secant(target, before, last) if before is not None else None
     return int(max(step, guess)) if guess is not None else step

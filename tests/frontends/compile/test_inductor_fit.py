@@ -207,6 +207,30 @@ def test_plans_that_all_compile_above_the_budget_are_refused_not_kept():
     assert "compiles above it with Inductor" in str(err.value)
 
 
+def test_an_overshoot_larger_than_the_planning_budget_is_refused_not_a_negative_budget():
+    """Inductor compiled examples/convnet.py at 60% to more than twice the planning budget; the
+    step down by the overshoot went below zero and the planner raised 'invalid budget -923780'.
+    The search now stops at what the planner cannot plan, and the fit refuses the budget."""
+    from solvers.base import InfeasibleBudgetError
+
+    staircase, _, _ = _staircase(layers=40, layer=1000, fixed=10_000, fused_share=0.0)
+    asked: list[int] = []
+
+    def plan_at(budget: int) -> _StaircasePlan:
+        asked.append(budget)
+        if budget < 11_000:
+            raise InfeasibleBudgetError(budget, 11_000, "", exact=True, lower_bound_bytes=11_000)
+        return staircase(budget)
+
+    def probe(plan: _StaircasePlan) -> int:
+        return 3 * plan.predicted_peak_bytes  # far above the unfused peak
+
+    with pytest.raises(InfeasibleBudgetError) as err:
+        fit_plan(30_000, plan_at, probe, iterations=4, tolerance=0.02)
+    assert min(asked) >= 1
+    assert "compiles above it with Inductor" in str(err.value)
+
+
 def test_a_cheaper_seed_that_compiles_within_the_budget_is_kept_and_costlier_ones_are_not_probed():
     """Seeds (the backend's min-cut partitions) are probed after the search only when they cost
     less than the cheapest plan known to fit; the cheapest that fits wins, named by its source."""
