@@ -7,12 +7,13 @@ inputs. Both the simulator (bytes) and the graph runtime (``add_`` for ``add``) 
 what is predicted is what runs.
 
 Why a donation is safe. Step ``i`` computes value ``c`` and donates input ``x`` only when:
-1. ``x`` is freed among the free steps right after step ``i``, before any other compute: no later
-   step reads ``x``'s storage (aliases are not values: a view's reader reads ``x``), so
-   overwriting it changes nothing any later step sees, and ``x`` needs no bytes of its own after
-   the op;
+1. ``x`` is freed among the free steps right after step ``i``, in the same phase, before any
+   other compute: no later step reads ``x``'s storage (aliases are not values: a view's reader
+   reads ``x``), so overwriting it changes nothing any later step sees, and ``x`` needs no bytes
+   of its own after the op. A value freed only at the boundary is not one: forward returns it
+   (an updated buffer, an output);
 2. ``x`` was last computed in the phase of step ``i``: a value forward saved for backward is never
-   written, so a retained graph (``backward(retain_graph=True)``) can run backward again;
+   written, so backward sees what forward made;
 3. the schedule never offloads ``x``: no copy to host reads it while it is written;
 4. ``c`` is not a user output and ``c`` is not live (no throwaway copy of a held value), and the
    op's other inputs are other storages (the graph's check that ``x`` is among the op's inputs
@@ -44,12 +45,13 @@ def donations(graph: RematGraph, schedule: Schedule) -> dict[int, str]:
         name = step.node
         reuses = candidates.get(name)
         if reuses is not None:
+            in_forward = i < n_forward
+            end = n_forward if in_forward else len(steps)  # a value freed at the boundary is a forward output
             freed_next: set[str] = set()
             j = i + 1
-            while j < len(steps) and steps[j].kind is FREE:
+            while j < end and steps[j].kind is FREE:
                 freed_next.add(steps[j].node)
                 j += 1
-            in_forward = i < n_forward
             for x in reuses:
                 if (x in freed_next and x not in offloaded
                         and computed_in_forward.get(x) is in_forward):

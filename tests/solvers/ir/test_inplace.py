@@ -108,3 +108,24 @@ def test_reduction_keeps_an_op_apart_from_the_reader_that_may_write_into_it():
     assert reduce_graph(graph(())).absorbed == {"v": ("u",)}
     reduced = reduce_graph(graph(("u",)))
     assert reduced.absorbed == {} and "u" in reduced.graph
+
+
+def test_a_forward_output_freed_at_the_boundary_is_never_written():
+    """``upd`` (an updated buffer: a forward output nobody reads later) is freed where backward
+    starts; forward's last op, which reads it last, must not write into it."""
+    nodes = (
+        Node("x", NodeKind.INPUT, F, 10),
+        op("u", F, 20, ["x"]),
+        op("upd", F, 20, ["x"]),
+        op("w", F, 20, ["x"]),
+        op("loss", F, 1, ["u"]),
+        op("s", F, 20, ["upd", "w"], reuses=("upd",)),
+        Node("t", NodeKind.TANGENT, B, 1),
+        op("g", B, 20, ["t", "u"]),
+    )
+    graph = RematGraph(nodes, forward_outputs=("loss", "upd", "s"), user_outputs=("loss",),
+                       backward_outputs=("g",))
+    schedule = store_all_schedule(graph)
+    assert schedule.forward[-2:] == (compute("s"), free("w"))
+    assert free("upd") in schedule.backward  # freed at the boundary, after forward returned it
+    assert donations(graph, schedule) == {}
