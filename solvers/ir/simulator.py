@@ -125,9 +125,9 @@ class _SimulatorTables:
         """The same for an op with siblings, by its first member (the one a compute step names; its
         flags are the op's): the sibling rule is checked, the run-once rules hold by construction."""
         self.freeable = {n.name: n.bytes for n in graph.nodes if n.name not in self.unfreeable}
+        """Values a free step may drop (not resident, not held by the caller): only liveness to check."""
         self.reuses = any(n.reuses for n in graph.ops)
         """Some op may run in place (`solvers.ir.inplace`): only then are the donations looked up."""
-        """Values a free step may drop (not resident, not held by the caller): only liveness to check."""
 
 
 class _Simulated:
