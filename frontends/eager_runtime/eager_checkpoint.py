@@ -234,6 +234,36 @@ def policy_op_seconds() -> float:
     return max(with_policy - plain, 0.0) / (2 * 400)
 
 
+NOMINAL_CHECKPOINT_CALL_S = 1.3e-4
+"""Seconds one ``checkpoint`` call adds beyond what its function's ops cost, as
+`checkpoint_call_seconds` measured it on one core of a 2-core x86_64 VM (2026-12-07): what plans
+priced on a GPU's datasheet roofline (``roofline:*``) charge, so they stay the same everywhere."""
+
+
+@functools.cache
+def checkpoint_call_seconds() -> float:
+    """Seconds one non-reentrant ``checkpoint`` call adds to a step beyond what its function's ops
+    cost (its frames, hooks, RNG state and the rerun's dispatch), measured here once per process:
+    a chain of 200 two-op functions, each under ``checkpoint`` or not, forward and backward, best
+    of 5 steps each."""
+    def two_ops(x):
+        return (x * 2).sin()
+
+    def step(wrapped: bool) -> float:
+        with torch.enable_grad():
+            x = torch.ones(16, requires_grad=True)
+            start = time.perf_counter()
+            y = x
+            for _ in range(200):
+                y = checkpoint(two_ops, y, use_reentrant=False) if wrapped else two_ops(y)
+            y.sum().backward()
+            return time.perf_counter() - start
+
+    plain = min(step(False) for _ in range(5))
+    wrapped = min(step(True) for _ in range(5))
+    return max(wrapped - plain, 0.0) / 200
+
+
 def _policy_contexts(save: tuple[tuple[str, tuple[int, ...]], ...], seen: list | None = None,
                      freeze_statistics: bool = False):
     """checkpoint's ``context_fn``: a fresh policy per region call. A ``functools.partial`` of

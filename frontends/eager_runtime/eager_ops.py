@@ -26,7 +26,9 @@ from frontends.capture.costed_capture import capture_with_costs
 from frontends.capture.step import CapturedStep
 from frontends.eager_runtime.eager_checkpoint import (
     EAGER_BATCH_NORMS,
+    NOMINAL_CHECKPOINT_CALL_S,
     NOMINAL_POLICY_OP_S,
+    checkpoint_call_seconds,
     is_in_place,
     policy_op_seconds,
 )
@@ -55,6 +57,9 @@ class EagerTrace:
     alive_at_return: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
     """Module path -> (overload, call index within the module) of the outputs its forward still
     held when its last op ran (Python locals, its return value); autograd's saved tensors aside."""
+    forward_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Module path -> seconds its forward takes with grad on (`region_timing.time_module_forwards`),
+    measured when the graph is priced in measured time; empty otherwise."""
 
     def region_ops(self, path: str) -> list[str]:
         return [op for op, stack in self.ops if path in stack]
@@ -161,7 +166,7 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
                torch.nn.modules.module.register_module_forward_hook(post_alive),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
-        with torch.random.fork_rng(devices=_cuda_devices(model, args)), torch.enable_grad(), \
+        with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
                 torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked), \
                 _Recorder(stack, ops, deaths):
             out = model(*args, **(kwargs or {}))
@@ -176,7 +181,7 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
     return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
 
 
-def _cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
+def step_cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
     """CUDA devices the step may draw random numbers on (their generators are forked too)."""
     tensors = [*model.parameters(), *model.buffers(), *(a for a in tree_leaves(args) if isinstance(a, torch.Tensor))]
     return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
@@ -249,21 +254,35 @@ def region_keys(graph: RematGraph, path: str, overloads: frozenset[str] = frozen
     return keys
 
 
+RERUN_SCALE_RANGE = (0.5, 4.0)
+"""Bounds on a region's measured eager forward over its ops' priced time (`RegionCandidate.rerun_scale`):
+a module of a few microseconds can time far off its ops by noise alone."""
+
+
+def prices_measured_time(graph: RematGraph) -> bool:
+    """Whether the graph's costs are seconds measured on this machine (``device``, ``profile``):
+    the eager runtime's own overheads are then measured here too."""
+    return graph.cost_model.startswith("device") or graph.cost_model == "profile"
+
+
 def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> list[RegionCandidate]:
     """Every submodule called once per step, with the graph values its policy can keep and what
-    a policy costs it: `policy_op_seconds` per eager op call when the graph is priced in measured
-    time, `NOMINAL_POLICY_OP_S` on a GPU's roofline, nothing where it is priced in FLOPs."""
+    rerunning it costs beyond its ops. In measured time: `policy_op_seconds` per eager op call
+    under a policy, `checkpoint_call_seconds` per checkpoint, and the rerun scaled by the
+    module's timed eager forward over its ops' priced time (``trace.forward_s``); on a GPU's
+    roofline the nominal figures of this host and no scale; priced in FLOPs, nothing."""
     region_ops: dict[str, list[str]] = defaultdict(list)
     for op, stack in trace.ops:
         for path in stack:
             region_ops[path].append(op)
     found: list[RegionCandidate] = []
-    if graph.cost_model.startswith("device") or graph.cost_model == "profile":
-        per_op = policy_op_seconds()  # measured time: the host's own overhead
+    measured = prices_measured_time(graph)
+    if measured:
+        per_op, per_call = policy_op_seconds(), checkpoint_call_seconds()  # the host's own overhead
     elif graph.cost_model.startswith("roofline:"):
-        per_op = NOMINAL_POLICY_OP_S  # time on a GPU not at hand: a host like this one drives it
+        per_op, per_call = NOMINAL_POLICY_OP_S, NOMINAL_CHECKPOINT_CALL_S  # a host like this drives the GPU
     else:
-        per_op = 0.0  # FLOPs on a nominal device: no Python to price
+        per_op, per_call = 0.0, 0.0  # FLOPs on a nominal device: no Python to price
     for path, _module in root.named_modules():
         if not path or trace.calls.get(path) != 1:
             continue
@@ -281,7 +300,13 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
         if any(is_in_place(op) and op not in state_updates for op in eager):
             mappable -= {m for first, (op, _) in keys.items() if op in state_updates
                          for m in graph.group_of(first)}
-        found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op))
+        ops_s = sum(graph[first].cost for first in keys)
+        scale = 1.0
+        if measured and path in trace.forward_s and ops_s > 0:
+            low, high = RERUN_SCALE_RANGE
+            scale = min(max(trace.forward_s[path] / ops_s, low), high)
+        found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op,
+                                     checkpoint_s=per_call, rerun_scale=scale))
     return found
 
 

@@ -9,6 +9,8 @@ found; the planner decides which chunks get a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from frontends.eager_runtime.eager_checkpoint import (
@@ -17,8 +19,9 @@ from frontends.eager_runtime.eager_checkpoint import (
     remove_checkpointing,
     unchecked_chunks,
 )
-from frontends.eager_runtime.eager_ops import capture_for_eager, trace_eager
+from frontends.eager_runtime.eager_ops import capture_for_eager, prices_measured_time, trace_eager
 from frontends.eager_runtime.eager_split import EagerSplitError, chunk_labels, mlp_modules
+from frontends.eager_runtime.region_timing import time_module_forwards
 from frontends.guards.hf_training import cache_off_for_training
 
 
@@ -55,13 +58,16 @@ def capture_split(model, inputs, kwargs, chunks: int, cost_model, grad_outputs, 
 
 def capture_chunked(model, inputs, kwargs, splits, cost_model, grad_outputs, python_side_effects):
     """Capture and trace the step with ``splits`` applied (chunks without their own checkpoint,
-    as the graph needs them), and label each chunk's values; the model keeps the wrappers."""
+    as the graph needs them), and label each chunk's values; the model keeps the wrappers. In
+    measured time, each module's eager forward is timed too (``trace.forward_s``)."""
     remove_checkpointing(model)
     apply_splits(model, splits)
     with unchecked_chunks():
         captured = capture_for_eager(model, inputs, kwargs, cost_model, grad_outputs, python_side_effects)
         with cache_off_for_training(model, dict(kwargs or {})) as cache_off:
             trace = trace_eager(model, inputs, cache_off.kwargs)
+            if prices_measured_time(captured.graph):  # what an eager rerun costs beyond its ops
+                trace = dataclasses.replace(trace, forward_s=time_module_forwards(model, inputs, cache_off.kwargs))
     labels = chunk_labels(captured.graph, captured.gm, splits, trace.calls)
     return captured, trace, labels
 

@@ -106,6 +106,12 @@ class RegionCandidate:
     """What running the region's forward once under a selective-checkpoint policy adds (its ops
     go through a Python dispatch mode); charged, forward plus rerun, to every option that keeps
     something (a region that keeps nothing runs plain ``checkpoint``, without the mode)."""
+    checkpoint_s: float = 0.0
+    """What one ``checkpoint`` call around the region adds beyond its ops (its hooks and frames);
+    charged to every option that recomputes something."""
+    rerun_scale: float = 1.0
+    """The region's eager forward time over its ops' priced time: an eager rerun also runs the
+    module's Python and records autograd's graph, which the ops, each timed alone, leave out."""
 
 
 @dataclass(frozen=True)
@@ -321,6 +327,8 @@ class RegionModel:
         self.regions = regions
         self.mappable = {c.path: c.mappable for c in candidates if c.path in regions}
         self.policy_s = {c.path: c.policy_s for c in candidates if c.path in regions}
+        self.checkpoint_s = {c.path: c.checkpoint_s for c in candidates if c.path in regions}
+        self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -436,7 +444,9 @@ class RegionModel:
                     continue
                 if g.group_of(v)[0] == v:
                     recompute.append(v)
-            cost = sum(g[v].cost for v in recompute) if dropped or saved else 0.0
+            cost = 0.0
+            if dropped or saved:  # an eager rerun of its ops, and the checkpoint around them
+                cost = self.rerun_scale[path] * sum(g[v].cost for v in recompute) + self.checkpoint_s[path]
             if saved:  # the policy's dispatch mode: the forward, and the ops rerun
                 cost += self.policy_s[path] * (1 + len(recompute) / len(values))
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0

@@ -1,0 +1,112 @@
+"""What an eager rerun of a module costs: its forward timed in eager PyTorch, and checkpoint's call.
+
+Checked: every module called once per forward gets a time (a module called twice none, a parent
+at least its child's), the model is left as found (BatchNorm statistics, the RNG stream); in
+measured time the candidates carry the timed scale and checkpoint's cost, in FLOPs neither; and
+the planner prices an option's rerun by them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from frontends.eager_runtime.eager_checkpoint import checkpoint_call_seconds
+from frontends.eager_runtime.eager_ops import RERUN_SCALE_RANGE, candidates, eager_graph, held_values
+from frontends.eager_runtime.region_timing import time_module_forwards
+from frontends.eager_runtime.split_capture import capture_split
+from solvers.ir.graph import Phase
+from solvers.planning.eager_plan import RegionModel, with_holds, within
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+        self.norm = nn.BatchNorm1d(d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.relu(self.up(self.norm(x)))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(3))
+            self.shared = nn.Linear(d, d)  # called twice per forward
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.shared(x)
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.mse_loss(self.shared(x), target)
+
+
+def inputs(batch: int = 128, d: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, d, generator=g), torch.randn(batch, d, generator=g)
+
+
+def test_each_module_called_once_is_timed_and_the_model_is_left_as_found():
+    model, args = Net(), inputs()
+    statistics_before = {n: b.clone() for n, b in model.named_buffers()}
+    torch.manual_seed(5)
+    expected_next = torch.rand(3)
+    torch.manual_seed(5)
+    times = time_module_forwards(model, args)
+    assert torch.equal(torch.rand(3), expected_next)  # the RNG stream did not move
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, statistics_before[name]), name
+    assert "shared" not in times  # called twice per forward: no one rerun to price
+    for i in range(3):
+        assert times[f"blocks.{i}"] > 0
+        for child in ("up", "down", "norm", "drop"):
+            assert times[f"blocks.{i}"] >= times[f"blocks.{i}.{child}"] > 0
+
+
+def test_candidates_carry_the_timed_scale_in_measured_time_and_nothing_in_flops():
+    model, args = Net(), inputs()
+    captured, trace, *_ = capture_split(model, args, None, 1, "device", "losses", None)
+    assert trace.forward_s and "blocks.0" in trace.forward_s
+    graph = eager_graph(captured.graph, captured.gm, True)
+    found = {c.path: c for c in candidates(graph, trace, model)}
+    low, high = RERUN_SCALE_RANGE
+    block = found["blocks.1"]
+    ops_s = sum(graph[m[0]].cost for m in graph.groups.values()
+                if graph[m[0]].phase is Phase.FORWARD and within(graph[m[0]].module, "blocks.1"))
+    assert block.rerun_scale == pytest.approx(min(max(trace.forward_s["blocks.1"] / ops_s, low), high))
+    assert all(c.checkpoint_s == checkpoint_call_seconds() for c in found.values())
+    assert all(low <= c.rerun_scale <= high for c in found.values())
+
+    flops_captured, flops_trace, *_ = capture_split(model, args, None, 1, "flops", "losses", None)
+    assert flops_trace.forward_s == {}  # not timed: nothing would read it
+    flops_graph = eager_graph(flops_captured.graph, flops_captured.gm, True)
+    timed_trace = dataclasses.replace(flops_trace, forward_s=trace.forward_s)
+    for c in candidates(flops_graph, timed_trace, model):
+        assert (c.rerun_scale, c.checkpoint_s) == (1.0, 0.0), c.path
+
+
+def test_an_options_rerun_is_scaled_and_charged_one_checkpoint_call():
+    model, args = Net(), inputs()
+    captured, trace, *_ = capture_split(model, args, None, 1, "flops", "losses", None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    found = candidates(graph, trace, model)
+    graph = with_holds(graph, held_values(graph, trace, found))
+    plain = RegionModel(graph, found)
+    priced = RegionModel(graph, [dataclasses.replace(c, rerun_scale=2.0, checkpoint_s=0.5) for c in found])
+    checked = 0
+    for path, options in priced.options.items():
+        for before, option in zip(plain.options[path], options):
+            assert (before.option, before.saved, before.dropped) == (option.option, option.saved, option.dropped)
+            assert option.extra_cost == pytest.approx(2.0 * before.extra_cost + 0.5)
+            checked += 1
+    assert checked >= 3
