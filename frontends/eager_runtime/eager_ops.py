@@ -14,6 +14,7 @@ says), and the planner knows it.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -269,13 +270,15 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
     """Every submodule called once per step, with the graph values its policy can keep and what
     rerunning it costs beyond its ops. In measured time: `policy_op_seconds` per eager op call
     under a policy, `checkpoint_call_seconds` per checkpoint, and the rerun scaled by the
-    module's timed eager forward over its ops' priced time (``trace.forward_s``); on a GPU's
+    module's timed eager forward over its ops' priced time (``trace.forward_s``, one median per
+    module class, op sequence and priced time); on a GPU's
     roofline the nominal figures of this host and no scale; priced in FLOPs, nothing."""
     region_ops: dict[str, list[str]] = defaultdict(list)
     for op, stack in trace.ops:
         for path in stack:
             region_ops[path].append(op)
     found: list[RegionCandidate] = []
+    ratios: dict[tuple, list[tuple[int, float]]] = {}
     measured = prices_measured_time(graph)
     if measured:
         per_op, per_call = policy_op_seconds(), checkpoint_call_seconds()  # the host's own overhead
@@ -283,7 +286,7 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
         per_op, per_call = NOMINAL_POLICY_OP_S, NOMINAL_CHECKPOINT_CALL_S  # a host like this drives the GPU
     else:
         per_op, per_call = 0.0, 0.0  # FLOPs on a nominal device: no Python to price
-    for path, _module in root.named_modules():
+    for path, module in root.named_modules():
         if not path or trace.calls.get(path) != 1:
             continue
         keys = region_keys(graph, path, trace.overloads)
@@ -300,13 +303,20 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
         if any(is_in_place(op) and op not in state_updates for op in eager):
             mappable -= {m for first, (op, _) in keys.items() if op in state_updates
                          for m in graph.group_of(first)}
-        ops_s = sum(graph[first].cost for first in keys)
-        scale = 1.0
-        if measured and path in trace.forward_s and ops_s > 0:
-            low, high = RERUN_SCALE_RANGE
-            scale = min(max(trace.forward_s[path] / ops_s, low), high)
         found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op,
-                                     checkpoint_s=per_call, rerun_scale=scale))
+                                     checkpoint_s=per_call))
+        ops_s = sum(graph[first].cost for first in keys)
+        if measured and path in trace.forward_s and ops_s > 0:
+            kind = (type(module).__qualname__, tuple(region_ops.get(path, ())), f"{ops_s:.6g}")
+            ratios.setdefault(kind, []).append((len(found) - 1, trace.forward_s[path] / ops_s))
+    # Modules of one class running the same ops at the same priced time (a model's repeated
+    # layers) share the median of their ratios: one timed forward each is noisy, and the planner
+    # would otherwise prefer whichever layer happened to time faster.
+    low, high = RERUN_SCALE_RANGE
+    for members in ratios.values():
+        scale = min(max(statistics.median(r for _, r in members), low), high)
+        for index, _ in members:
+            found[index] = dataclasses.replace(found[index], rerun_scale=scale)
     return found
 
 

@@ -27,7 +27,7 @@ def _never_unpacked(_packed: None) -> torch.Tensor:
 
 
 def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-                         repeats: int = 3) -> dict[str, float]:
+                         repeats: int = 5) -> dict[str, float]:
     """Module path -> seconds its forward takes in a training forward (grad on), the median of
     ``repeats`` forwards after one warm-up; modules called more than once per forward are left
     out. On CUDA the time is between events recorded when the module starts and returns (kernels
