@@ -38,6 +38,7 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -rs \
     tests/frontends/measure/test_measure.py::test_cuda_peak_is_max_memory_allocated \
     tests/optimizer/test_checkpointing_offload.py::test_offloading_plan_on_cuda_holds_its_predicted_peak_with_plain_gradients \
     tests/frontends/eager_runtime/test_eager_offload.py::test_offloaded_region_on_cuda_gives_plain_gradients \
+    tests/frontends/eager_runtime/test_region_timing.py::test_forwards_on_cuda_are_timed_by_events \
     tests/frontends/graph_runtime/test_graph_offload.py::test_mlp_on_cuda_with_offloads_gives_eager_gradients \
     2>&1 | tee "$out/cuda_tests.log" | tail -15
 

@@ -120,3 +120,13 @@ def test_an_options_rerun_is_scaled_and_charged_one_checkpoint_call():
             assert option.extra_cost == pytest.approx(2.0 * before.extra_cost + 0.5)
             checked += 1
     assert checked >= 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_forwards_on_cuda_are_timed_by_events():
+    model, args = Net(d=256).cuda(), tuple(t.cuda() for t in inputs(batch=4096, d=256))
+    before = torch.cuda.memory_allocated()
+    times = time_module_forwards(model, args)
+    assert torch.cuda.memory_allocated() == before  # nothing saved for a backward is left behind
+    for i in range(3):
+        assert times[f"blocks.{i}"] >= times[f"blocks.{i}.up"] > 0
