@@ -11,11 +11,14 @@ from e2e_helpers import load_example
 
 from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
 from frontends.eager_runtime.eager_checkpoint import checkpointed_modules, load_checkpointing
+from frontends.eager_runtime.eager_offload import offload_session
 
 
 def fsdp_train(rank: int, world_size: int, plan_path: str, steps: int = 2) -> dict:
     """examples/gpt.py (float64, no dropout) under FSDP2 per block and at the root, ``steps`` SGD
-    steps, without and with the loaded checkpointing plan (applied before fully_shard)."""
+    steps, without and with the loaded checkpointing plan (applied before fully_shard): per
+    variant, the losses, full gradients, wrapped module paths and bytes offloaded regions
+    brought back."""
     from torch.distributed.fsdp import fully_shard  # heavy: torch.distributed, ranks only
 
     results = {}
@@ -36,7 +39,9 @@ def fsdp_train(rank: int, world_size: int, plan_path: str, steps: int = 2) -> di
             losses.append(loss.detach().clone())
             grads.append(full_gradients(model, strip=()))
             optimizer.step()
-        results[remat] = (losses, grads, sorted(checkpointed_modules(model)))
+        session = offload_session(model)
+        reloaded = session.counts.reloaded_bytes if session is not None else 0
+        results[remat] = (losses, grads, sorted(checkpointed_modules(model)), reloaded)
     return results
 
 
