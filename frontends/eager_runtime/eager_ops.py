@@ -271,8 +271,8 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
     rerunning it costs beyond its ops. In measured time: `policy_op_seconds` per eager op call
     under a policy, `checkpoint_call_seconds` per checkpoint, and the rerun scaled by the
     module's timed eager forward over its ops' priced time (``trace.forward_s``, one median per
-    module class, op sequence and priced time); on a GPU's
-    roofline the nominal figures of this host and no scale; priced in FLOPs, nothing."""
+    module class, op sequence and priced time); on a GPU's roofline the nominal figures of this
+    host and no scale; priced in FLOPs, nothing."""
     region_ops: dict[str, list[str]] = defaultdict(list)
     for op, stack in trace.ops:
         for path in stack:
