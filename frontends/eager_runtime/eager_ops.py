@@ -13,10 +13,12 @@ says), and the planner knows it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import weakref
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -118,7 +120,7 @@ def _not_kept(_tensor: torch.Tensor) -> None:
 
 
 def _never_unpacked(_packed: None) -> torch.Tensor:
-    raise RuntimeError("remat-opt's eager trace runs no backward")
+    raise RuntimeError("remat-opt's eager trace and timing run no backward")
 
 
 def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> EagerTrace:
@@ -161,25 +163,35 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
             counter[op] += 1
         alive.setdefault(path, tuple(held))
 
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_pre_hook(pre_alive),
                torch.nn.modules.module.register_module_forward_hook(post_alive),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
-        with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked), \
-                _Recorder(stack, ops, deaths):
+        with forwards_left_as_found(model, args), _Recorder(stack, ops, deaths):
             out = model(*args, **(kwargs or {}))
         del out
     finally:
         for h in handles:
             h.remove()
+    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
+
+
+@contextlib.contextmanager
+def forwards_left_as_found(model: torch.nn.Module, args: tuple) -> Iterator[None]:
+    """Within: training forwards (grad on) whose saved tensors are dropped as they are made (no
+    backward runs, and no more memory is held than inference holds); on exit the model is as
+    found: the RNG streams were forked and the buffers (BatchNorm statistics) are restored."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked):
+            yield
+    finally:
         with torch.no_grad():
             for n, b in model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
-    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
 
 
 def step_cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:

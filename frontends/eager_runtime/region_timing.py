@@ -15,15 +15,7 @@ import time
 
 import torch
 
-from frontends.eager_runtime.eager_ops import step_cuda_devices
-
-
-def _drop(_tensor: torch.Tensor) -> None:
-    return None
-
-
-def _never_unpacked(_packed: None) -> torch.Tensor:
-    raise RuntimeError("remat-opt's region timing runs no backward")
+from frontends.eager_runtime.eager_ops import forwards_left_as_found
 
 
 def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
@@ -33,9 +25,8 @@ def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | Non
     out. On CUDA the time is between events recorded when the module starts and returns (kernels
     and the host's gaps between them).
 
-    Autograd's saved tensors are dropped as they are made, so the forwards hold no more memory
-    than inference would (the model may not fit a plain training step). The model is left as
-    found: RNG states are forked and buffers (BatchNorm statistics) restored."""
+    The forwards run under `forwards_left_as_found`: autograd's saved tensors are dropped as they
+    are made (the model may not fit a plain training step), and the model is left as found."""
     paths = {id(m): p for p, m in model.named_modules() if p}
     device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
     cuda = device.type == "cuda"
@@ -61,12 +52,10 @@ def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | Non
             marks[path].append(mark())
 
     samples: dict[str, list[float]] = {}
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
-        with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(_drop, _never_unpacked):
+        with forwards_left_as_found(model, args):
             for run in range(repeats + 1):
                 marks.clear()
                 calls.clear()
@@ -83,8 +72,4 @@ def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | Non
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in buffers:
-                    b.copy_(buffers[n])
     return {path: statistics.median(s) for path, s in samples.items() if len(s) == repeats}
