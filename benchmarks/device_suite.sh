@@ -9,6 +9,8 @@
 # With STEP_S=420 (seconds; default 0, skipped) it first runs issue 38's and 39's step-time check
 # (benchmarks/step_time.py: GPT-2 small fp32 8 x 1024 and the bf16 Llama 8 x 2048 at per-block
 # checkpointing's measured peak, with the offload row on the measured link) within that limit.
+# With KERNEL_S=90 (default 0, skipped) it then profiles the graph runtime's store-all step against
+# plain autograd's, kernel by kernel (benchmarks/kernel_diff.py), within that limit.
 set -uo pipefail
 out="${OUT:-device_out}"
 mkdir -p "$out"
@@ -29,6 +31,12 @@ if [ "${STEP_S:-0}" -gt 0 ]; then
     echo "== step time at per-block's peak (issues 38, 39)"
     timeout "${STEP_S}" python3 benchmarks/step_time.py --device cuda --size gpu --models gpt2,llama \
         --rounds 10 --time-limit 20 --offload --out "$out/step_time.md" 2>&1 | tee "$out/step_time.log" | tail -40
+fi
+
+if [ "${KERNEL_S:-0}" -gt 0 ]; then
+    echo "== kernels the graph runtime's store-all step runs differently from plain autograd (issue 38)"
+    timeout "${KERNEL_S}" python3 benchmarks/kernel_diff.py --device cuda --size gpu --models gpt2,llama \
+        --out "$out/kernel_diff.md" 2>&1 | tee "$out/kernel_diff.log" | tail -40
 fi
 
 echo "== CUDA tests"
