@@ -35,6 +35,7 @@ from frontends.eager_runtime.eager_checkpoint import (
     is_in_place,
     policy_op_seconds,
 )
+from frontends.guards.forward_guards import ForwardGuard
 from frontends.torch_compat import TorchDispatchMode, tree_leaves
 from solvers.ir.graph import Phase, RematGraph
 from solvers.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
@@ -168,7 +169,7 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
                torch.nn.modules.module.register_module_forward_hook(post_alive),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
-        with forwards_left_as_found(model, args), _Recorder(stack, ops, deaths):
+        with forwards_left_as_found(model, args, kwargs), _Recorder(stack, ops, deaths):
             out = model(*args, **(kwargs or {}))
         del out
     finally:
@@ -178,16 +179,21 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
 
 
 @contextlib.contextmanager
-def forwards_left_as_found(model: torch.nn.Module, args: tuple) -> Iterator[None]:
+def forwards_left_as_found(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Iterator[None]:
     """Within: training forwards (grad on) whose saved tensors are dropped as they are made (no
     backward runs, and no more memory is held than inference holds); on exit the model is as
-    found: the RNG streams were forked and the buffers (BatchNorm statistics) are restored."""
+    found: the RNG streams were forked, the buffers (BatchNorm statistics) are restored, and so
+    is what a forward changes in Python (a step counter, module-level variables, hooks it
+    registers: `ForwardGuard.restore`, as capture does), which with
+    ``python_side_effects="ignore"`` the planning forwards would otherwise move."""
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    python_state = ForwardGuard(model, tuple(args), dict(kwargs or {}))
     try:
         with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
                 torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked):
             yield
     finally:
+        python_state.restore()
         with torch.no_grad():
             for n, b in model.named_buffers():
                 if n in buffers:

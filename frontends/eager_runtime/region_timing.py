@@ -55,7 +55,7 @@ def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | Non
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
-        with forwards_left_as_found(model, args):
+        with forwards_left_as_found(model, args, kwargs):
             for run in range(repeats + 1):
                 marks.clear()
                 calls.clear()

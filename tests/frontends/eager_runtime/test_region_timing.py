@@ -1,7 +1,8 @@
 """What an eager rerun of a module costs: its forward timed in eager PyTorch, and checkpoint's call.
 
 Checked: every module called once per forward gets a time (a module called twice none, a parent
-at least its child's), the model is left as found (BatchNorm statistics, the RNG stream); in
+at least its child's), the model is left as found (BatchNorm statistics, the RNG stream, a
+counter its forward moves in Python); in
 measured time the candidates carry the timed scale (one per module class, ops and their time) and
 checkpoint's cost, in FLOPs neither; and
 the planner prices an option's rerun by them.
@@ -53,19 +54,32 @@ class Net(nn.Module):
         return nn.functional.mse_loss(self.shared(x), target)
 
 
+class CountingNet(Net):
+    """Counts its calls in Python (what ``python_side_effects="ignore"`` lets through capture)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x, target)
+
+
 def inputs(batch: int = 128, d: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     return torch.randn(batch, d, generator=g), torch.randn(batch, d, generator=g)
 
 
 def test_each_module_called_once_is_timed_and_the_model_is_left_as_found():
-    model, args = Net(), inputs()
+    model, args = CountingNet(), inputs()
     statistics_before = {n: b.clone() for n, b in model.named_buffers()}
     torch.manual_seed(5)
     expected_next = torch.rand(3)
     torch.manual_seed(5)
     times = time_module_forwards(model, args)
     assert torch.equal(torch.rand(3), expected_next)  # the RNG stream did not move
+    assert model.calls == 0  # six forwards ran; the Python state they moved is put back
     for name, buffer in model.named_buffers():
         assert torch.equal(buffer, statistics_before[name]), name
     assert "shared" not in times  # called twice per forward: no one rerun to price
