@@ -17,13 +17,17 @@ import torch
 
 from frontends.eager_runtime.eager_ops import forwards_left_as_found
 
+TIMING_BUDGET_S = 10.0
+"""Seconds the timed forwards may take after the warm-up: a model whose forward takes longer than
+``TIMING_BUDGET_S / repeats`` (a large one on a CPU) is timed fewer times, once at least."""
+
 
 def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                          repeats: int = 5) -> dict[str, float]:
     """Module path -> seconds its forward takes in a training forward (grad on), the median of
-    ``repeats`` forwards after one warm-up; modules called more than once per forward are left
-    out. On CUDA the time is between events recorded when the module starts and returns (kernels
-    and the host's gaps between them).
+    ``repeats`` forwards after one warm-up (fewer where they would take over `TIMING_BUDGET_S`);
+    modules called more than once per forward are left out. On CUDA the time is between events
+    recorded when the module starts and returns (kernels and the host's gaps between them).
 
     The forwards run under `forwards_left_as_found`: autograd's saved tensors are dropped as they
     are made (the model may not fit a plain training step), and the model is left as found."""
@@ -56,15 +60,20 @@ def time_module_forwards(model: torch.nn.Module, args: tuple, kwargs: dict | Non
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
         with forwards_left_as_found(model, args, kwargs):
-            for run in range(repeats + 1):
+            run = 0
+            while run <= repeats:
                 marks.clear()
                 calls.clear()
+                start = time.perf_counter()
                 out = model(*args, **(kwargs or {}))
                 del out
                 if cuda:
                     torch.cuda.synchronize(device)
-                if run == 0:
-                    continue  # warm-up: lazy initialisation, allocator growth
+                run += 1
+                if run == 1:  # the warm-up (lazy initialisation, allocator growth) sets how many fit
+                    forward_s = time.perf_counter() - start
+                    repeats = max(1, min(repeats, int(TIMING_BUDGET_S / max(forward_s, 1e-9))))
+                    continue
                 for path, times in marks.items():
                     if calls[path] == 1 and len(times) == 2:
                         seconds = times[0].elapsed_time(times[1]) / 1e3 if cuda else times[1] - times[0]
