@@ -507,14 +507,13 @@ def _run_meta_for_rank(args: argparse.Namespace, model, inputs, budget, cost_mod
     from optimizer.meta_plan import plan_rank_without_hardware  # heavy: torch, not imported for --help
 
     config = _rank_config(args)
-    if args.offload is not None:
-        raise CliError("--offload is not planned per rank: drop it with --world-size", EXIT_USAGE)
     with _planning_errors(budget), _side_effects_policy(args):
         planned = plan_rank_without_hardware(
             model, inputs, budget, config, solver=solver, cost_model=cost_model, name=args.model,
             options=SolverOptions(time_limit_s=args.time_limit, verbose=args.verbose, milp_engine=args.milp_engine),
             allocator=allocator, grad_outputs=args.grad_outputs, optimizer=args.optimizer,
-            grad_accumulation=args.grad_accumulation, device="cuda" if args.device else "cpu", outputs=args.outputs)
+            grad_accumulation=args.grad_accumulation, device="cuda" if args.device else "cpu", outputs=args.outputs,
+            **_offload_settings(args))
     if args.json:
         _write_rank_json(args.json, args.model, planned.ranked)
     return planned.report

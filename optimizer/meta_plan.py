@@ -183,6 +183,9 @@ def plan_rank_without_hardware(
     grad_accumulation: int = 1,
     device: str = "cpu",
     outputs: str = "all",
+    offload: bool | str = False,
+    link=None,
+    host_budget: int | None = None,
 ) -> MetaRankPlan:
     """Capture ``model`` on shapes alone and plan one rank of ``config`` for a per-rank ``budget``.
 
@@ -190,15 +193,16 @@ def plan_rank_without_hardware(
     terms are those of a captured model file (`optimizer.ranks.plan_model_for_rank`): the
     optimizer (a description) is measured on fake parameters of ``device`` over what the rank
     steps (FSDP: its shards, `frontends.distributed.rank_loop`). ``example_inputs``: one rank's
-    micro-batch. Splits and offloads are not planned per rank (the rank budget's terms are
-    measured for whole-tensor steps)."""
+    micro-batch. ``offload``, ``link``, ``host_budget``: as in `plan_without_hardware`. Splits
+    are not planned per rank (the rank budget's terms are measured for whole-tensor steps)."""
     module, inputs = _prepare(model, example_inputs, cost_model, optimizer, outputs)
     loop = rank_training_loop(list(module.parameters()), optimizer, grad_accumulation, config, device=device)
     start = time.perf_counter()
     captured = capture_with_costs(module, inputs, None, cost_model, grad_outputs, outputs=outputs)
     capture_s = time.perf_counter() - start
     ranked = plan_for_rank(captured.graph, budget, config, solver, options or SolverOptions(), allocator,
-                           graph_nodes=len(captured.gm.graph.nodes), loop=loop)
+                           graph_nodes=len(captured.gm.graph.nodes), loop=loop, offload=offload, link=link,
+                           host_budget=host_budget)
     plan_s = time.perf_counter() - start - capture_s
     report = (format_plan(ranked.plan, name) + "\n" + format_rank_breakdown(ranked)
               + f"\n(planned from shapes alone: capture {capture_s:.1f} s, plan {plan_s:.1f} s; "

@@ -56,7 +56,9 @@ from solvers.baselines import store_all_schedule
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.budget import format_bytes, resolve_budget
 from solvers.ir.graph import RematGraph
+from solvers.ir.link import Link, offload_link_of
 from solvers.ir.plan import Plan
+from solvers.ir.schedule import StepKind
 from solvers.ir.simulator import simulate
 from solvers.planning.planner import plan_graph
 from solvers.planning.training_loop import TrainingLoop
@@ -234,8 +236,9 @@ class PhasePeaks:
     """Live when backward ends: resident values, gradients, user outputs."""
 
 
-def phase_peaks(graph: RematGraph, schedule) -> PhasePeaks:
-    """Forward peak, backward peak and final live bytes of ``schedule`` (one simulator walk)."""
+def phase_peaks(graph: RematGraph, schedule, link: Link | None = None) -> PhasePeaks:
+    """Forward peak, backward peak and final live bytes of ``schedule`` (one simulator walk;
+    ``link``: the one a schedule with offloads was planned on)."""
     n_forward = len(schedule.forward)
     peaks = [graph.resident_bytes, 0]
     last = [0]
@@ -245,7 +248,8 @@ def phase_peaks(graph: RematGraph, schedule) -> PhasePeaks:
         peaks[phase] = max(peaks[phase], live_bytes)
         last[0] = live_bytes
 
-    simulate(graph, schedule, observe)
+    copies = any(s.kind in (StepKind.OFFLOAD, StepKind.RELOAD) for s in schedule.steps)
+    simulate(graph, schedule, observe, link if copies else None)
     return PhasePeaks(forward_bytes=peaks[0], backward_bytes=peaks[1], end_bytes=last[0])
 
 
@@ -338,11 +342,15 @@ def rank_peak(graph: RematGraph, schedule, config: DataParallelConfig, loop: Tra
 def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConfig,
                   solver: str = "auto", options: SolverOptions | None = None,
                   allocator: AllocatorModel | None = None, graph_nodes: int = 0,
-                  loop: TrainingLoop | None = None) -> RankPlan:
+                  loop: TrainingLoop | None = None, *, offload: bool | str = False,
+                  link: Link | str | None = None, host_budget: int | None = None) -> RankPlan:
     """Plan ``graph`` so that one rank under ``config`` peaks within ``budget`` (bytes, a size,
     or a percentage of the rank's plain-autograd peak). With ``loop`` (its optimizer measured
     over what the rank's optimizer sees: `frontends.distributed.rank_loop`), the budget is the
-    rank's whole training iteration (`rank_loop_terms`)."""
+    rank's whole training iteration (`rank_loop_terms`). ``offload``, ``link``, ``host_budget``:
+    as in `plan_graph`; an offloaded value leaves the rank's device as it leaves one process's
+    (the rank's terms are parameters, gradients and communication, which stay)."""
+    offload_link = offload_link_of(offload, link)
     offsets = rank_offsets(graph, config)
     terms = rank_loop_terms(graph, config, loop or TrainingLoop())
     held = terms.held_bytes
@@ -365,12 +373,13 @@ def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConf
                                         "bytes resident)")
         try:
             plan = plan_graph(graph, graph_budget, solver, options or SolverOptions(),
-                              graph_nodes=graph_nodes, allocator=allocator)
+                              graph_nodes=graph_nodes, allocator=allocator, offload=offload,
+                              link=offload_link, host_budget=host_budget)
         except InfeasibleBudgetError as err:
             smallest = (None if err.smallest_feasible_bytes is None
                         else err.smallest_feasible_bytes + budget_bytes - graph_budget)
             raise InfeasibleBudgetError(budget_bytes, smallest, f" per rank ({where})") from None
-        peaks = phase_peaks(graph, plan.schedule)
+        peaks = phase_peaks(graph, plan.schedule, offload_link)
         forward_backward = offsets.rank_peak(peaks) + held
         step = terms.step_peak(graph, peaks.end_bytes)
         peak = max(forward_backward, step)

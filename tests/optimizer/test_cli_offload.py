@@ -62,6 +62,27 @@ def test_offload_what_if_reports_offloaded_values_and_less_extra_time(tmp_path, 
     assert "offloaded" in out and "pcie5" in out
 
 
+def test_a_rank_plan_offloads_within_its_per_rank_budget(tmp_path, capsys):
+    """--meta --world-size N --strategy fsdp --offload: the rank's plan offloads as one process's
+    does, under the rank's budget (its shards, gradients and the all-gather stay on the device)."""
+    model = tmp_path / "wide_mlp.py"
+    model.write_text(WIDE_MLP)
+    common = [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10",
+              "--world-size", "4", "--strategy", "fsdp"]
+    plain_json, offload_json = tmp_path / "plain.json", tmp_path / "offload.json"
+    assert main([*common, "--json", str(plain_json)]) == 0
+    assert main([*common, "--offload", "--json", str(offload_json)]) == 0
+    out = capsys.readouterr().out
+    plain, offloaded = json.loads(plain_json.read_text()), json.loads(offload_json.read_text())
+    assert plain["offloaded"] == [] and plain["extra_time_s"] > 0
+    assert offloaded["offloaded"] and offloaded["extra_time_s"] < plain["extra_time_s"]
+    rank = offloaded["rank"]
+    assert rank["predicted_rank_peak_bytes"] <= rank["budget_bytes"] == plain["rank"]["budget_bytes"]
+    for term in ("parameters_bytes", "gradients_bytes", "communication_bytes"):
+        assert rank[term] == plain["rank"][term] > 0
+    assert "per rank           fsdp on 4 ranks" in out and "offloaded" in out
+
+
 def test_offload_flag_usage_errors(tmp_path, capsys):
     model = tmp_path / "wide_mlp.py"
     model.write_text(WIDE_MLP)

@@ -51,3 +51,21 @@ def test_a_setting_the_entry_point_does_not_honour_is_refused_by_name(call, mess
         call(model, inputs)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # nothing was touched
     assert not any(type(m).__name__.startswith("Checkpoint") for m in model.modules())
+
+
+def test_a_rank_plan_takes_offload_as_optimize_does() -> None:
+    """``plan_model_for_rank(..., offload="auto", link=...)``: the rank's plan may send saved values
+    to host memory, and its rank peak still fits the per-rank budget."""
+    from e2e_helpers import load_example
+
+    from solvers.ir.link import Link
+
+    model, inputs = load_example("gpt", dropout=0.0)
+    config = DataParallelConfig(world_size=2, strategy="ddp")
+    free_copies = Link("test-fast", 1e15, 1e15, 0.0)
+    plain = plan_model_for_rank(model, inputs, "80%", config, solver="greedy", time_limit=10)
+    ranked = plan_model_for_rank(model, inputs, "80%", config, solver="greedy", time_limit=10,
+                                 offload="auto", link=free_copies)
+    assert not plain.plan.offloaded and ranked.plan.offloaded
+    assert ranked.predicted_rank_peak_bytes <= ranked.breakdown.budget_bytes == plain.breakdown.budget_bytes
+    assert ranked.plan.extra_time_s < plain.plan.extra_time_s

@@ -119,7 +119,6 @@ def test_max_batch_per_rank_is_the_largest_micro_batch_that_fits(config_path, tm
 
 @pytest.mark.parametrize("argv, message", [
     (["--meta", "--world-size", "8", "--budget", "1GB"], "go together"),
-    (["--meta", "--world-size", "8", "--strategy", "fsdp", "--budget", "1GB", "--offload"], "--offload"),
     (["--max-batch", "--world-size", "8", "--strategy", "ddp", "--budget", "50%"], "budget in bytes"),
     (["--sweep", "50%,80%", "--world-size", "8", "--strategy", "ddp", "--budget", "1GB"], "not per rank"),
 ])
