@@ -18,6 +18,7 @@ import torch
 
 from frontends.capture.export_passes import guard_gradient_free
 from frontends.capture.step import CapturedStep
+from frontends.graph_runtime.direct_calls import call_ops_directly
 from frontends.graph_runtime.rewrite import partition_by_schedule
 from frontends.graph_runtime.shape_variants import (
     DIFFERENT,
@@ -30,6 +31,7 @@ from frontends.graph_runtime.shape_variants import (
     shape_key,
     structure_difference,
 )
+from frontends.graph_runtime.state_tensors import TreeWalk, walk
 from frontends.guards.sharding import check_no_sharded_submodules
 from frontends.torch_compat import aot_compile_joint_with_descriptors, fx_boxed_codegen, tree_flatten, tree_unflatten
 from solvers.ir.plan import Plan
@@ -37,7 +39,8 @@ from solvers.ir.plan import Plan
 
 def boxed(gm: torch.fx.GraphModule):
     """Run ``gm`` with the boxed calling convention: it clears its argument list, so each
-    input (a saved activation, a tangent) is freed after its last use, as the plan assumes."""
+    input (a saved activation, a tangent) is freed after its last use, as the plan assumes.
+    Its ops are called through their C++ entry points (`direct_calls`)."""
     codegen = fx_boxed_codegen()
     if codegen is None:  # older torch: inputs live until the graph returns
         from functorch.compile import make_boxed_func  # optional: private fx API, absent from older torch
@@ -45,7 +48,7 @@ def boxed(gm: torch.fx.GraphModule):
         return make_boxed_func(gm)
     gm.graph.set_codegen(codegen())
     gm.recompile()
-    return gm
+    return call_ops_directly(gm)
 
 
 class InputMismatchError(ValueError):
@@ -119,15 +122,6 @@ def compile_step(captured: CapturedStep, plan: Plan) -> CompiledStep:
                         dict(captured.kwarg_overrides))  # use_cache=False: see hf_training
 
 
-def _owned(modules: dict[str, torch.nn.Module], name: str, table: str) -> torch.Tensor:
-    """The parameter (``table="_parameters"``) or buffer named ``name``, from its owner."""
-    owner, _, attribute = name.rpartition(".")
-    value = getattr(modules[owner], table).get(attribute) if owner in modules else None
-    if value is None:
-        raise KeyError(f"{'parameter' if table == '_parameters' else 'buffer'} {name!r}")
-    return value
-
-
 def _tensor_signature(tensors: list[torch.Tensor]) -> list[tuple]:
     return [(t.shape, t.dtype, t.device) for t in tensors]
 
@@ -141,8 +135,10 @@ class RematModule(torch.nn.Module):
         super().__init__()
         self.model = model
         self.plan = plan
-        self._param_names = captured.param_names
-        self._buffer_names = captured.buffer_names
+        self._state_names = tuple([*(("parameter", n) for n in captured.param_names),
+                                   *(("buffer", n) for n in captured.buffer_names)])
+        self._last_walk: TreeWalk | None = None
+        """The last module-tree walk that checked sharding: reused while it holds."""
         self._signature = input_signature((tuple(example_args), dict(example_kwargs or {})))
         self._param_signature = _tensor_signature(self._state_tensors())
         self._planned = compile_step(captured, plan)
@@ -192,20 +188,22 @@ class RematModule(torch.nn.Module):
         return tree_unflatten(guard_gradient_free(flat, step.gradient_free_outputs), spec)
 
     def _state_tensors(self, check_sharding: bool = False) -> list[torch.Tensor]:
-        """The parameters and buffers the step reads, by name, found in one walk of the module
-        tree (read afresh each call: a replaced submodule or parameter is seen). One
-        ``get_parameter`` per name walked the tree once per tensor: 8 ms a call on a 12-layer
-        GPT-2 of 149 parameters, against 0.3 ms for the walk. ``check_sharding`` refuses
-        FSDP-wrapped submodules on the same walk (their hooks would never run)."""
-        modules = dict(self.model.named_modules(remove_duplicate=False))
-        if check_sharding:
-            check_no_sharded_submodules(self.model, modules.items())
+        """The parameters and buffers the step reads, by name: the last walk of the module
+        tree while it holds (`state_tensors`), else a new one. ``check_sharding`` refuses
+        FSDP-wrapped submodules on a new walk (their hooks would never run); a walk that
+        holds has the same modules of the same classes."""
+        if self._last_walk is not None:
+            tensors = self._last_walk.tensors_if_holds(self.model)
+            if tensors is not None:
+                return tensors
+        check = (lambda modules: check_no_sharded_submodules(self.model, modules)) if check_sharding else None
         try:
-            tensors = [_owned(modules, name, "_parameters") for name in self._param_names]
-            tensors += [_owned(modules, name, "_buffers") for name in self._buffer_names]
+            tensors, found = walk(self.model, self._state_names, check)
         except KeyError as missing:
             raise InputMismatchError(f"{missing.args[0]} is no longer in the model the plan was made for: "
                                      "call optimize() again") from None
+        if check_sharding:
+            self._last_walk = found
         return tensors
 
     def _step_for(self, args: tuple, kwargs: dict) -> CompiledStep:

@@ -11,10 +11,11 @@ import gc
 
 import pytest
 import torch
-from e2e_helpers import clone, load_example, max_relative_error
+from e2e_helpers import clone, load_example, loss_of, max_relative_error
 from graphs import toy_step_graph
 
 from frontends.distributed.gloo_ranks import full_gradients, run_on_ranks
+from optimizer import optimize
 from solvers.base import InfeasibleBudgetError
 from solvers.baselines import store_all_schedule
 from solvers.planning.distributed_budget import (
@@ -175,21 +176,27 @@ def test_rank_peak_matches_the_prediction(ranks, strategy):
 
 
 def test_fully_shard_inside_the_optimized_model_is_refused_with_what_to_do():
-    """FSDP hooks on a submodule never run in the remat module's captured graph: refuse it."""
+    """FSDP hooks on a submodule never run in the remat module's captured graph: refuse it,
+    also when the submodule is sharded after the remat module has run (its last walk of the
+    module tree no longer holds: the module's class changed)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from frontends.distributed.gloo_ranks import free_port
     from frontends.guards.sharding import ShardedSubmoduleError, check_no_sharded_submodules
 
-    model, _ = load_example("mlp")
+    model, inputs = load_example("mlp")
     check_no_sharded_submodules(model)  # nothing sharded: fine
+    rm = optimize(clone(model), inputs, "85%", solver="greedy")
+    loss_of(rm(*inputs)).backward()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][1]
-        fully_shard(linear)
         expected = r"'layers\.1' .*apply fully_shard to the module optimize\(\) returns"
+        for root in (model, rm.model):
+            fully_shard([m for m in root.modules() if isinstance(m, torch.nn.Linear)][1])
         with pytest.raises(ShardedSubmoduleError, match=expected):
             check_no_sharded_submodules(model)
+        with pytest.raises(ShardedSubmoduleError, match=expected):
+            rm(*inputs)
     finally:
         dist.destroy_process_group()
