@@ -146,25 +146,45 @@ def fx_boxed_codegen() -> type | None:
     return _BoxedCodeGen
 
 
-class _ForwardingCall:
+class _ForwardingCall:  # OpOverload.__call__ of torch 2.13.0
     def __call__(self, /, *args, **kwargs):
         return self._op(*args, **kwargs)
 
 
-def op_overload_call_only_forwards() -> bool:
-    """Whether ``OpOverload.__call__`` only forwards to the overload's C++ callable ``_op`` (a
-    private attribute), so that calling `op_entry_point` is the same call
-    (`graph_runtime.direct_calls`). Compared on bytecode with that one-line forward.
-    Checked: 2.13.0, 2.14.1."""
-    ours, theirs = _ForwardingCall.__call__.__code__, OpOverload.__call__.__code__
+class _ForwardingCallWithFastPath:  # OpOverload.__call__ of torch 2.14.1
+    def __call__(self, /, *args, **kwargs):
+        if (
+            self._pyobj_dispatcher is not None
+            and torch._C._peek_should_skip_torch_function()
+        ):
+            return self._cpp_dispatch_handle(*args, **kwargs)
+        return self._op(*args, **kwargs)
+
+
+def _same_code(ours: Any, theirs: Any) -> bool:
     future = __future__.annotations.compiler_flag  # set in this file's code only: not behaviour
     return (ours.co_code, ours.co_names, ours.co_flags & ~future, ours.co_posonlyargcount) == (
         theirs.co_code, theirs.co_names, theirs.co_flags & ~future, theirs.co_posonlyargcount)
 
 
+def op_overload_call_only_forwards() -> bool:
+    """Whether ``OpOverload.__call__`` only forwards to the overload's C++ dispatcher entry (its
+    private ``_op``; from 2.14, ``_op`` may be a faster Python-object path to the same
+    dispatcher, with the C++ entry kept as ``_cpp_dispatch_handle``), so that calling
+    `op_entry_point` is the same call (`graph_runtime.direct_calls`). Compared on bytecode
+    with the two known forwards. Checked: 2.13.0, 2.14.1."""
+    theirs = OpOverload.__call__.__code__
+    return any(_same_code(known.__call__.__code__, theirs)
+               for known in (_ForwardingCall, _ForwardingCallWithFastPath))
+
+
 def op_entry_point(op: OpOverload) -> Any:
-    """The C++ callable an overload's ``__call__`` forwards to (``OpOverload._op``).
+    """The C++ dispatcher entry an overload's ``__call__`` forwards to (``_op``), or None where
+    the overload goes through the Python-object fast path (2.14: custom ops with Python
+    kernels, ``_pyobj_dispatcher``); calling the overload is then the faster call.
     Checked: 2.13.0, 2.14.1."""
+    if getattr(op, "_pyobj_dispatcher", None) is not None:
+        return None
     return op._op
 
 
