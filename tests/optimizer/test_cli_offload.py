@@ -46,10 +46,12 @@ WIDE_MLP = textwrap.dedent('''
 ''')
 
 
-def test_offload_what_if_reports_offloaded_values_and_less_extra_time(tmp_path, capsys):
+def _plain_and_offloaded(tmp_path, capsys, *options: str) -> tuple[dict, dict, str]:
+    """The wide MLP planned at 75% on an H200 without and with ``--offload`` (both JSON reports,
+    and what the two runs printed); checks that the offload plan moves values and is faster."""
     model = tmp_path / "wide_mlp.py"
     model.write_text(WIDE_MLP)
-    common = [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10"]
+    common = [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10", *options]
     plain_json, offload_json = tmp_path / "plain.json", tmp_path / "offload.json"
     assert main([*common, "--json", str(plain_json)]) == 0
     assert main([*common, "--offload", "--json", str(offload_json)]) == 0
@@ -57,6 +59,11 @@ def test_offload_what_if_reports_offloaded_values_and_less_extra_time(tmp_path, 
     plain, offloaded = json.loads(plain_json.read_text()), json.loads(offload_json.read_text())
     assert plain["offloaded"] == [] and plain["extra_time_s"] > 0
     assert offloaded["offloaded"] and offloaded["extra_time_s"] < plain["extra_time_s"]
+    return plain, offloaded, out
+
+
+def test_offload_what_if_reports_offloaded_values_and_less_extra_time(tmp_path, capsys):
+    plain, offloaded, out = _plain_and_offloaded(tmp_path, capsys)
     assert offloaded["predicted_peak_bytes"] <= offloaded["budget_bytes"]
     assert offloaded["link"].startswith("pcie5") and offloaded["transfer_time_s"] > 0  # h200: PCIe Gen5
     assert "offloaded" in out and "pcie5" in out
@@ -65,17 +72,7 @@ def test_offload_what_if_reports_offloaded_values_and_less_extra_time(tmp_path, 
 def test_a_rank_plan_offloads_within_its_per_rank_budget(tmp_path, capsys):
     """--meta --world-size N --strategy fsdp --offload: the rank's plan offloads as one process's
     does, under the rank's budget (its shards, gradients and the all-gather stay on the device)."""
-    model = tmp_path / "wide_mlp.py"
-    model.write_text(WIDE_MLP)
-    common = [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10",
-              "--world-size", "4", "--strategy", "fsdp"]
-    plain_json, offload_json = tmp_path / "plain.json", tmp_path / "offload.json"
-    assert main([*common, "--json", str(plain_json)]) == 0
-    assert main([*common, "--offload", "--json", str(offload_json)]) == 0
-    out = capsys.readouterr().out
-    plain, offloaded = json.loads(plain_json.read_text()), json.loads(offload_json.read_text())
-    assert plain["offloaded"] == [] and plain["extra_time_s"] > 0
-    assert offloaded["offloaded"] and offloaded["extra_time_s"] < plain["extra_time_s"]
+    plain, offloaded, out = _plain_and_offloaded(tmp_path, capsys, "--world-size", "4", "--strategy", "fsdp")
     rank = offloaded["rank"]
     assert rank["predicted_rank_peak_bytes"] <= rank["budget_bytes"] == plain["rank"]["budget_bytes"]
     for term in ("parameters_bytes", "gradients_bytes", "communication_bytes"):
