@@ -52,7 +52,9 @@ class TreeWalk:
                    for parent, name, child in self.edges):
             return None
         tensors = [ref() for *_, ref in self.owned]
-        if any(t is None for t in tensors) or not all(getattr(modules[owner], table).get(name) is tensor
+        if any(t is None for t in tensors):
+            return None
+        if not all(getattr(modules[owner], table).get(name) is tensor
                    for (owner, table, name, _), tensor in zip(self.owned, tensors)):
             return None
         return tensors
