@@ -216,7 +216,7 @@ def _max_batch_table(result: MaxBatchResult) -> Table:
     return Table(f"Largest batch within {format_bytes(result.budget_bytes)} (batch dim {result.batch_dim}, "
                  f"example batch {result.base_batch})",
                  ("strategy", "max batch", "peak", "extra", "samples/s", "note"), tuple(rows),
-                 "samples/s = batch / (plain step + recomputation) under the cost model; "
+                 "samples/s = batch / (plain step + recomputation + waits for copies) under the cost model; "
                  "'+' = the search limit was reached.")
 
 
@@ -257,6 +257,7 @@ def to_json(report: WhatIfReport) -> dict[str, Any]:
                 "strategy": f.strategy, "max_batch": f.max_batch, "capped": f.capped,
                 "peak_bytes": None if f.point is None else f.point.peak_bytes,
                 "extra_time_s": None if f.point is None else f.point.extra_time_s,
+                "offloaded_bytes": None if f.point is None else f.point.offloaded_bytes,
                 "step_time_s": f.step_time_s, "samples_per_s": f.samples_per_s,
                 "probes": [list(p) for p in f.probes], "message": f.message,
             } for f in mb.fits],

@@ -24,7 +24,7 @@ from solvers.baselines import store_all_schedule
 from solvers.checkmate.min_budget import peak_lower_bound
 from solvers.ir.allocator import AllocatorModel
 from solvers.ir.budget import Budget, format_bytes
-from solvers.ir.link import Link
+from solvers.ir.link import Link, get_link
 from solvers.ir.plan import Plan
 from solvers.ir.simulator import simulate
 from solvers.ir.timeline import memory_timeline
@@ -50,13 +50,17 @@ from solvers.planning.sweep import (
     ExternalSchedule,
     Status,
     SweepResult,
+    offload_point,
     run_sweep,
 )
 from solvers.planning.training_loop import TrainingLoop, end_bytes, loop_budget
 
 Progress = Callable[[str], None]
 
-SLOWEST_SEARCHES = {TORCH_STRATEGY: 3, "greedy": 2, REMAT_OPT: 2, "chain-dp": 1}
+REMAT_STRATEGIES = (REMAT_OPT, OFFLOAD_STRATEGY)
+"""remat-opt's own strategies: searched with its --solver, recompute-only and with offloads."""
+
+SLOWEST_SEARCHES = {TORCH_STRATEGY: 3, OFFLOAD_STRATEGY: 3, "greedy": 2, REMAT_OPT: 2, "chain-dp": 1}
 """Which largest-batch searches to hand out first to parallel workers (torch runs its partitioner
 at every batch it confirms; greedy and the exact solver solve at each probe)."""
 
@@ -93,8 +97,9 @@ class WhatIfRequest:
     grad_accumulation: int = 1
     link: Link | str | None = None
     """Offload (issue 39): a device-host link (`solvers.ir.link`) adds the ``remat-opt+offload``
-    strategy right after ``remat-opt``: every budget planned with and without offload, and the
-    plan at ``budget`` both ways. None: recompute only."""
+    strategy right after ``remat-opt``: every budget planned with and without offload, the
+    plan at ``budget`` both ways, and (``max_batch``) the largest batch both ways. None: recompute
+    only."""
     host_budget: int | None = None
     """Pinned host bytes offloaded values may hold at once (None: unlimited)."""
 
@@ -107,9 +112,6 @@ def swept_strategies(request: WhatIfRequest) -> tuple[str, ...]:
             raise WhatIfError(f"{OFFLOAD_STRATEGY} needs a device-host link: give --offload [LINK] "
                               "(WhatIfRequest(link=...))")
         return strategies
-    if request.max_batch:
-        raise WhatIfError("the largest-batch search plans without offload for now: drop --offload there, "
-                          "or ask --sweep / --budget with --offload")
     if OFFLOAD_STRATEGY in strategies or REMAT_OPT not in strategies:
         return strategies
     at = strategies.index(REMAT_OPT) + 1
@@ -199,7 +201,7 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                 return False
             if strategy == TORCH_STRATEGY:
                 return None
-            searching = strategy == REMAT_OPT and request.solver in SEARCHING_SOLVERS
+            searching = strategy in REMAT_STRATEGIES and request.solver in SEARCHING_SOLVERS
             return cheap_fit(step.graph, budget, allocator, searching, request.options)
 
         def evaluate(step, strategy: str, budget: int):
@@ -207,7 +209,8 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                 return None
             externals = torch_partitions(step.batch) if strategy == TORCH_STRATEGY else ()
             result = run_sweep(step.graph, [budget], strategies=(strategy,), solver=request.solver,
-                               options=request.options, allocator=allocator, externals=externals)
+                               options=request.options, allocator=allocator, externals=externals,
+                               link=request.link, host_budget=request.host_budget)
             unusable = [p for p in result.points if p.status in (Status.NOT_APPLICABLE, Status.FAILED)]
             if unusable and len(unusable) == len(result.points):
                 raise StrategyUnavailable(unusable[0].message)
@@ -237,17 +240,53 @@ def what_if(model, inputs: tuple, request: WhatIfRequest, progress: Progress | N
                    if request.bounds else None)
         near = {}
         if ceiling is not None and request.solver in SEARCHING_SOLVERS:
-            near[REMAT_OPT] = classic_floor(capturer.graph_at, step_budget, allocator, request.batch_limit,
-                                            start=ceiling - 1, high=ceiling) or 1
-        max_batch = find_max_batches(
-            capturer, step_budget, strategies, evaluate, limit=request.batch_limit, progress=tick,
-            decide=decide if request.bounds else None, ceiling=ceiling,
-            approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
-            if capturer.scaling is not None else None,
-            near=near, jobs=request.jobs, slowest_first=SLOWEST_SEARCHES, in_parent=(TORCH_STRATEGY,),
-        )
+            floor = classic_floor(capturer.graph_at, step_budget, allocator, request.batch_limit,
+                                  start=ceiling - 1, high=ceiling) or 1
+            near = {strategy: floor for strategy in REMAT_STRATEGIES}
+
+        def search(wanted: tuple[str, ...], evaluate_with, decide_with, near_batches) -> MaxBatchResult:
+            return find_max_batches(
+                capturer, step_budget, wanted, evaluate_with, limit=request.batch_limit, progress=tick,
+                decide=decide_with if request.bounds else None, ceiling=ceiling,
+                approximate=(lambda s: torch_stand_in if s == TORCH_STRATEGY else None)
+                if capturer.scaling is not None else None,
+                near=near_batches, jobs=request.jobs, slowest_first=SLOWEST_SEARCHES, in_parent=(TORCH_STRATEGY,),
+            )
+
+        max_batch = search(tuple(s for s in strategies if s != OFFLOAD_STRATEGY), evaluate, decide, near)
+        if OFFLOAD_STRATEGY in strategies:
+            max_batch = _search_with_offload(max_batch, strategies, search, evaluate, decide, near, capturer,
+                                             request, allocator)
     report = WhatIfReport(settings, facts, sweep, max_batch, timelines, plans=plans)
     return replace(report, plots=_plots(report)) if request.plots else report
+
+
+def _search_with_offload(recompute_only: MaxBatchResult, strategies: tuple[str, ...], search, evaluate, decide,
+                         near: dict, capturer: MetaCapturer, request: WhatIfRequest,
+                         allocator: AllocatorModel) -> MaxBatchResult:
+    """The ``remat-opt+offload`` search, after the recompute-only ones: it fits wherever remat-opt
+    fits (an offload plan keeps the recompute-only schedule when no offload is faster, so a
+    batch remat-opt fits is decided without a solve), so it starts at remat-opt's answer, whose
+    solved plan seeds the offload search there, and probes upward only."""
+    plain = next((f for f in recompute_only.fits if f.strategy == REMAT_OPT), None)
+    known = plain.max_batch if plain is not None and plain.point is not None else 0
+    link = get_link(request.link)
+
+    def decide_offload(step, strategy: str, budget: int):
+        return True if step.batch <= known else decide(step, strategy, budget)
+
+    def evaluate_offload(step, strategy: str, budget: int):
+        if step.batch == known and plain is not None:
+            return offload_point(step.graph, request.solver, budget, request.options, allocator, link,
+                                 request.host_budget, seed=plain.point)
+        return evaluate(step, strategy, budget)
+
+    before = capturer.captures
+    offloaded = search((OFFLOAD_STRATEGY,), evaluate_offload, decide_offload,
+                       {OFFLOAD_STRATEGY: known} if known else near)
+    fits = {f.strategy: f for f in (*recompute_only.fits, *offloaded.fits)}
+    return replace(recompute_only, fits=tuple(fits[s] for s in strategies),
+                   captures=recompute_only.captures + offloaded.captures - before)
 
 
 def _remat_strategies(strategies: tuple[str, ...]) -> tuple[str, ...]:

@@ -100,14 +100,33 @@ def test_per_module_offloaded_bytes_sum_to_the_plans(report):
     assert "remat-opt (hierarchical) + offload" in render_markdown(report)
 
 
-def test_offload_sweep_needs_a_link_and_is_not_a_largest_batch_search():
+def test_offload_sweep_needs_a_link():
     with pytest.raises(ValueError, match="pass link="):
         run_sweep(tiny_chain(), ["100%"], strategies=(REMAT_OPT, OFFLOAD_STRATEGY))
     model, inputs = _meta_model()
     with pytest.raises(WhatIfError, match="needs a device-host link"):
         what_if(model, inputs, WhatIfRequest(model_name="m", sweep=("90%",), strategies=(OFFLOAD_STRATEGY,)))
-    with pytest.raises(WhatIfError, match="largest-batch search plans without offload"):
-        what_if(model, inputs, WhatIfRequest(model_name="m", budget="90%", max_batch=True, link="pcie5"))
+
+
+def test_largest_batch_with_offload_starts_at_remat_opts_and_goes_past_it():
+    """With greedy, recomputation alone stops at recompute-all's largest batch; offloading the
+    layers' activations fits more rows in 1 GB, and a step there costs less extra time."""
+    model, inputs = _meta_model()
+    request = WhatIfRequest(model_name="wide mlp", budget="1GB", max_batch=True, strategies=(REMAT_OPT,),
+                            solver="greedy", cost_model="roofline:h200", device="h200", link="pcie5", plots=False)
+    report = what_if(model, inputs, request)
+    result = report.max_batch
+    plain, offloaded = result.fits
+    assert (plain.strategy, offloaded.strategy) == (REMAT_OPT, OFFLOAD_STRATEGY)
+    assert offloaded.max_batch > plain.max_batch > 0
+    assert offloaded.probes[0] == (plain.max_batch, True)  # searched upward from remat-opt's answer
+    assert all(batch >= plain.max_batch for batch, _ in offloaded.probes)
+    point = offloaded.point
+    assert point.peak_bytes <= result.budget_bytes and point.offloaded_bytes > 0 and point.transfer_time_s > 0
+    assert point.extra_time_s < plain.point.extra_time_s and offloaded.samples_per_s > plain.samples_per_s
+    rows = _table(report, "Largest batch").rows
+    assert [(row[0], row[1]) for row in rows] == [(REMAT_OPT, str(plain.max_batch)),
+                                                 (OFFLOAD_STRATEGY, str(offloaded.max_batch))]
 
 
 WIDE_MLP_FILE = textwrap.dedent(f'''
@@ -157,15 +176,25 @@ def test_cli_sweep_with_offload_writes_both_strategies(tmp_path, capsys):
     assert "+ offload" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sweep", "90%", "--strategies", "remat-opt+offload"], "needs a device-host link"),
-    (["--budget", "90%", "--max-batch", "--offload"], "--max-batch plans without offload"),
-])
-def test_cli_offload_what_if_usage_errors(tmp_path, capsys, args, message):
+def test_cli_offload_what_if_needs_a_link_for_the_offload_strategy(tmp_path, capsys):
     model = tmp_path / "wide_mlp.py"
     model.write_text(WIDE_MLP_FILE)
-    assert main([str(model), "--meta", *args]) == EXIT_USAGE
-    assert message in capsys.readouterr().err
+    assert main([str(model), "--meta", "--sweep", "90%", "--strategies", "remat-opt+offload"]) == EXIT_USAGE
+    assert "needs a device-host link" in capsys.readouterr().err
+
+
+def test_cli_largest_batch_with_offload(tmp_path, capsys):
+    model = tmp_path / "wide_mlp.py"
+    model.write_text(WIDE_MLP_FILE)
+    out_json = tmp_path / "batch.json"
+    code = main([str(model), "--meta", "--device", "h200", "--offload", "--max-batch", "--budget", "1GB",
+                 "--strategies", "remat-opt", "--solver", "greedy", "--jobs", "1", "--json", str(out_json)])
+    assert code == 0, capsys.readouterr().err
+    fits = {f["strategy"]: f for f in json.loads(out_json.read_text())["max_batch"]["strategies"]}
+    assert set(fits) == {REMAT_OPT, OFFLOAD_STRATEGY}
+    assert fits[OFFLOAD_STRATEGY]["max_batch"] > fits[REMAT_OPT]["max_batch"] > 0
+    assert fits[OFFLOAD_STRATEGY]["offloaded_bytes"] > 0 == fits[REMAT_OPT]["offloaded_bytes"]
+    assert "remat-opt+offload" in capsys.readouterr().out
 
 
 def _table(report, title_part: str) -> Table:
