@@ -546,11 +546,11 @@ def _run_rank_max_batch(args: argparse.Namespace) -> str:
     config = _rank_config(args)
     for flag, given in (("--sweep", args.sweep), ("--report", args.report), ("--plots", args.plots),
                         ("--strategies", args.strategies), ("--measure", args.measure),
-                        ("--save-graphs", args.save_graphs), ("--offload", args.offload is not None),
+                        ("--save-graphs", args.save_graphs),
                         ("--split", args.split is not None), ("--split-mlp", args.split_mlp is not None)):
         if given:
             raise CliError(f"{flag} is not planned per rank: drop it with --max-batch --world-size (the "
-                           "per-rank search plans remat-opt's --solver alone)", EXIT_USAGE)
+                           "per-rank search plans remat-opt's --solver alone, with --offload if given)", EXIT_USAGE)
     if args.budget is None and args.device is None:
         raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
     budget, cost_model, allocator = _device_settings(args)
@@ -575,7 +575,7 @@ def _run_rank_max_batch(args: argparse.Namespace) -> str:
                                       milp_engine=args.milp_engine),
                 optimizer=args.optimizer, grad_accumulation=args.grad_accumulation,
                 device="cuda" if args.device else "cpu", dtype=args.dtype, batch_dim=args.batch_dim,
-                limit=args.batch_limit)
+                limit=args.batch_limit, **_offload_settings(args))
         except WhatIfError as err:
             raise CliError(str(err), EXIT_USAGE) from None
     if args.json:
@@ -652,9 +652,6 @@ def run_whatif(args: argparse.Namespace) -> str:
     if args.split is not None or args.split_mlp is not None:  # what-if plans unsplit steps: say so
         raise CliError("--split and --split-mlp split one plan's step: leave out --sweep, --max-batch, "
                        "--report and --plots", EXIT_USAGE)
-    if args.offload is not None and args.max_batch:
-        raise CliError("--max-batch plans without offload for now: drop --offload, or ask --sweep and --budget "
-                       "with it (the report shows each budget with and without offload)", EXIT_USAGE)
     if args.max_batch and args.budget is None and args.device is None:
         raise CliError("--max-batch needs --budget (or --device, whose memory is then the budget)", EXIT_USAGE)
     budget, cost_model, allocator = _device_settings(args)

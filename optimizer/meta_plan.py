@@ -35,7 +35,7 @@ from solvers.ir.graph import RematGraph
 from solvers.ir.plan import Plan
 from solvers.ir.plan_text import format_plan
 from solvers.planning.batch_scaling import ScalingMismatch
-from solvers.planning.batch_search import DEFAULT_LIMIT, WhatIfError, search_max_batch
+from solvers.planning.batch_search import DEFAULT_LIMIT, WhatIfError, search_max_batch, search_near
 from solvers.planning.distributed_budget import (
     DataParallelConfig,
     RankPlan,
@@ -249,6 +249,9 @@ def largest_rank_batch(
     dtype: str | None = None,
     batch_dim: int | None = None,
     limit: int = DEFAULT_LIMIT,
+    offload: bool | str = False,
+    link=None,
+    host_budget: int | None = None,
 ) -> RankBatchFit:
     """The largest micro-batch per rank of ``config`` whose rank plan (`plan_for_rank`, the
     rank's optimizer and accumulation counted) fits ``budget`` bytes per rank.
@@ -259,6 +262,8 @@ def largest_rank_batch(
     answer checks the fit, and the answer and the next batch are confirmed on checked graphs
     (else every probe is captured). The rank's optimizer does not depend on the batch, so it is
     measured once. ``dtype``: a ``--dtype`` name (`DTYPES`) the parameters and inputs are cast to.
+    ``offload``, ``link``, ``host_budget``: as in `plan_without_hardware`; the recompute-only
+    answer is searched first, then the batches above it with offloads (`_search_offloads_above`).
     """
     if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
         raise ValueError(f"the largest-batch search needs a per-rank budget in bytes, got {budget!r}: a "
@@ -273,13 +278,14 @@ def largest_rank_batch(
     smallest: list[int | None] = [None]
     nodes = len(capturer.at().gm.graph.nodes)  # reported only: the fitted graphs have no fx graph
 
-    def fits_graph(batch: int, graph: RematGraph) -> bool:
+    def fits_graph(batch: int, graph: RematGraph, offloads: bool = False) -> bool:
         plans.pop(batch, None)
         if _below_lower_bound(graph, budget, config, loop, allocator):
             return False
+        settings = {"offload": offload, "link": link, "host_budget": host_budget} if offloads else {}
         try:
             plans[batch] = plan_for_rank(graph, budget, config, solver, options or SolverOptions(), allocator,
-                                         graph_nodes=nodes, loop=loop)
+                                         graph_nodes=nodes, loop=loop, **settings)
         except InfeasibleBudgetError as err:
             if batch == 1:
                 smallest[0] = err.smallest_feasible_bytes or err.lower_bound_bytes
@@ -288,6 +294,11 @@ def largest_rank_batch(
 
     def fits(batch: int) -> bool:  # a checked fit's graph, or a capture
         return fits_graph(batch, capturer.graph_at(batch))
+
+    def _with_offloads(best: int, capped: bool, probes: tuple) -> RankBatchFit:
+        if offload:
+            best, capped, probes = _search_offloads_above(fits_graph, capturer.graph_at, best, capped, probes, limit)
+        return _rank_batch_fit(budget, config, capturer, best, capped, plans.get(best), probes, smallest[0])
 
     start = min(capturer.base_batch, limit)
     if capturer.fit_scaling():
@@ -303,9 +314,28 @@ def largest_rank_batch(
             capturer.scaling = None
         if capturer.scaling is not None and (capturer.check_scaling(min(best + 1, limit)) and (best == 0 or fits(best))
                 and (capped or not fits(best + 1))):
-            return _rank_batch_fit(budget, config, capturer, best, capped, plans.get(best), probes, smallest[0])
+            return _with_offloads(best, capped, probes)
     best, capped, probes = search_max_batch(fits, limit, start=start)  # every probe captured (or checked)
-    return _rank_batch_fit(budget, config, capturer, best, capped, plans.get(best), probes, smallest[0])
+    return _with_offloads(best, capped, probes)
+
+
+def _search_offloads_above(fits_graph, graph_at, best: int, capped: bool, probes: tuple,
+                           limit: int) -> tuple[int, bool, tuple]:
+    """From the recompute-only answer ``best``, the largest batch a rank plan with offloads fits.
+
+    A rank plan with offloads is never slower than the recompute-only one, and fits wherever it
+    fits (`plan_for_rank` keeps the faster of the two that fit), so only batches above ``best``
+    are probed, and the plan at the answer is replanned with offloads (a failing probe costs the
+    solves and the smallest-budget search: a few probes, not a whole search)."""
+    if capped:
+        found = best
+    else:
+        found, capped, above = search_near(lambda b: b <= best or fits_graph(b, graph_at(b), True), limit,
+                                           start=max(best, 1))
+        probes = (*probes, *((b, ok) for b, ok in above if b > best))
+    if found:
+        fits_graph(found, graph_at(found), True)
+    return found, capped, probes
 
 
 def _rank_batch_fit(budget: int, config: DataParallelConfig, capturer: MetaCapturer, best: int, capped: bool,
@@ -341,7 +371,8 @@ def format_rank_batch(fit: RankBatchFit, name: str) -> str:
         f"  largest batch      {fit.max_batch}{' (the search limit)' if fit.capped else ''} per rank "
         f"(dimension {fit.batch_dim}) within {format_bytes(fit.budget_bytes)} per rank ({where}); "
         f"global batch {fit.max_batch * fit.world_size}",
-        f"  extra time         {plan.extra_time_s * 1000:.3g} ms of recomputation per step "
+        f"  extra time         {plan.extra_time_s * 1000:.3g} ms of recomputation"
+        f"{' and waits for copies' if plan.offloaded else ''} per step "
         f"({plan.extra_percent:.1f}% of a plain {plan.step_time_s * 1000:.3g} ms step, {plan.cost_model})",
         f"  batches tried      {tried}",
         format_plan(plan, f"{name} at batch {fit.max_batch}"),

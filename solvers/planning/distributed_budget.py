@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 
 from solvers.base import InfeasibleBudgetError, SolverOptions
@@ -367,27 +368,51 @@ def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConf
     # The offsets differ by phase: plan for the smallest, then lower the graph's budget by what
     # the rank overshoots in another phase (a forward peak under FSDP's gather buffer).
     graph_budget = budget_bytes - min(offsets.forward, offsets.backward, offsets.end) - held
+    fit = functools.partial(_fit_rank, graph, budget_bytes, graph_budget, solver, options or SolverOptions(),
+                            allocator, graph_nodes, offsets, terms, breakdown, where)
+    if offload_link is None:
+        return fit()
+    # An offload plan can peak in another phase than the recompute-only plan at the same graph
+    # budget and need a lower one, where it may not fit at all: the recompute-only rank plan is
+    # planned too, and the faster of the two that fit is kept, as plan_graph keeps it.
+    fitted = []
+    for settings in ({"offload": offload, "link": offload_link, "host_budget": host_budget}, {}):
+        try:
+            fitted.append(fit(**settings))
+        except InfeasibleBudgetError as err:
+            refusal = err
+    if not fitted:
+        raise refusal
+    return min(fitted, key=lambda ranked: ranked.plan.extra_time_s)
+
+
+def _fit_rank(graph: RematGraph, budget_bytes: int, graph_budget: int, solver: str, options: SolverOptions,
+              allocator: AllocatorModel | None, graph_nodes: int, offsets: RankOffsets, terms: RankLoopTerms,
+              breakdown: RankBreakdown,
+              where: str, *, offload: bool | str = False, link: Link | None = None,
+              host_budget: int | None = None) -> RankPlan:
+    """A plan of ``graph`` whose rank peak fits ``budget_bytes``: planned at ``graph_budget``,
+    then replanned lower by each overshoot (at most `_REPLANS` tries)."""
     for _ in range(_REPLANS):
         if graph_budget <= graph.resident_bytes:
             raise InfeasibleBudgetError(budget_bytes, None, f" ({where} keeps {breakdown.fixed_bytes} "
                                         "bytes resident)")
         try:
-            plan = plan_graph(graph, graph_budget, solver, options or SolverOptions(),
-                              graph_nodes=graph_nodes, allocator=allocator, offload=offload,
-                              link=offload_link, host_budget=host_budget)
+            plan = plan_graph(graph, graph_budget, solver, options, graph_nodes=graph_nodes, allocator=allocator,
+                              offload=offload, link=link, host_budget=host_budget)
         except InfeasibleBudgetError as err:
             smallest = (None if err.smallest_feasible_bytes is None
                         else err.smallest_feasible_bytes + budget_bytes - graph_budget)
             raise InfeasibleBudgetError(budget_bytes, smallest, f" per rank ({where})") from None
-        peaks = phase_peaks(graph, plan.schedule, offload_link)
-        forward_backward = offsets.rank_peak(peaks) + held
+        peaks = phase_peaks(graph, plan.schedule, link)
+        forward_backward = offsets.rank_peak(peaks) + terms.held_bytes
         step = terms.step_peak(graph, peaks.end_bytes)
         peak = max(forward_backward, step)
         if peak <= budget_bytes:
             return RankPlan(plan=_with_rank_loop(plan, breakdown, forward_backward, step),
                             breakdown=breakdown, graph_budget_bytes=graph_budget,
                             predicted_rank_peak_bytes=peak, phase_peaks=peaks, offsets=offsets,
-                            held_bytes=held, step_peak_bytes=step)
+                            held_bytes=terms.held_bytes, step_peak_bytes=step)
         # Below the plan's own peak, not the budget it had: a plan well under its graph budget
         # would otherwise come back unchanged, overshooting by as much (seen: 180 B a try).
         graph_budget = min(graph_budget, plan.predicted_peak_bytes) - (peak - budget_bytes)

@@ -80,6 +80,45 @@ def test_a_rank_plan_offloads_within_its_per_rank_budget(tmp_path, capsys):
     assert "per rank           fsdp on 4 ranks" in out and "offloaded" in out
 
 
+def test_largest_rank_batch_with_offload(tmp_path, capsys):
+    """--max-batch --world-size N --offload: the batch recomputation alone reaches, or a larger one,
+    planned with offloads there when they are faster (greedy recomputes; offloading hides the
+    copies under the layers' matmuls)."""
+    model = tmp_path / "wide_mlp.py"
+    model.write_text(WIDE_MLP)
+    common = [str(model), "--meta", "--device", "h200", "--max-batch", "--world-size", "4", "--strategy", "fsdp",
+              "--budget", "1GB", "--solver", "greedy", "--time-limit", "1"]
+    answers = {}
+    for name, extra in (("plain", []), ("offload", ["--offload"])):
+        path = tmp_path / f"{name}.json"
+        assert main([*common, *extra, "--json", str(path)]) == 0, capsys.readouterr().err
+        answers[name] = json.loads(path.read_text())
+    plain, offloaded = answers["plain"], answers["offload"]
+    assert offloaded["max_batch"]["max_batch"] >= plain["max_batch"]["max_batch"] > 0
+    assert offloaded["offloaded"] and plain["offloaded"] == []
+    assert offloaded["extra_time_s"] < plain["extra_time_s"]
+    assert offloaded["rank"]["predicted_rank_peak_bytes"] <= offloaded["rank"]["budget_bytes"]
+    tried = [batch for batch, _ in offloaded["max_batch"]["probes"]]
+    assert tried[:len(plain["max_batch"]["probes"])] == [b for b, _ in plain["max_batch"]["probes"]]
+    assert "waits for copies" in capsys.readouterr().out
+
+
+def test_a_rank_plan_with_offload_fits_wherever_recomputation_alone_does(tmp_path):
+    """A greedy offload plan at FSDP's graph budget peaks in the forward, under the gather buffer,
+    and replanning it lower found nothing: the rank's recompute-only plan fits, so it is kept."""
+    model = tmp_path / "mlp.py"
+    model.write_text(WIDE_MLP.replace("width=4096", "width=1024").replace("8192, 4096", "3072, 1024"))
+    common = [str(model), "--meta", "--device", "h200", "--world-size", "4", "--strategy", "fsdp",
+              "--budget", "120MB", "--solver", "greedy", "--time-limit", "1"]
+    plans = {}
+    for name, extra in (("plain", []), ("offload", ["--offload"])):
+        path = tmp_path / f"{name}.json"
+        assert main([*common, *extra, "--json", str(path)]) == 0
+        plans[name] = json.loads(path.read_text())
+    assert plans["offload"]["extra_time_s"] <= plans["plain"]["extra_time_s"]
+    assert plans["offload"]["rank"]["predicted_rank_peak_bytes"] <= plans["offload"]["rank"]["budget_bytes"]
+
+
 def test_offload_flag_usage_errors(tmp_path, capsys):
     model = tmp_path / "wide_mlp.py"
     model.write_text(WIDE_MLP)
