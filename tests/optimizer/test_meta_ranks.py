@@ -10,6 +10,7 @@ import pytest
 
 from frontends.capture.config_model import hf_config_model
 from optimizer.cli import main as cli_main
+from optimizer.meta_plan import _search_offloads_above
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
@@ -125,3 +126,28 @@ def test_max_batch_per_rank_is_the_largest_micro_batch_that_fits(config_path, tm
 def test_per_rank_what_ifs_refuse_what_they_cannot_answer(config_path, capsys, argv, message):
     assert cli_main(["--hf-config", config_path, "--seq", "16", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recompute_only, offloaded", [(5, 5), (5, 9), (0, 3), (0, 0)])
+def test_the_offload_search_probes_only_above_the_recompute_only_answer(recompute_only, offloaded):
+    """`_search_offloads_above` with a monotone stand-in for the rank plans: it finds the offload
+    answer, never probes at or below the recompute-only one, and replans the answer with offloads."""
+    calls: list[tuple[int, bool]] = []
+
+    def fits_graph(batch: int, graph: str, offloads: bool = False) -> bool:
+        assert graph == f"graph {batch}" and offloads
+        calls.append((batch, batch <= offloaded))
+        return batch <= offloaded
+
+    found, capped, probes = _search_offloads_above(fits_graph, lambda b: f"graph {b}", recompute_only, False,
+                                                   (("earlier", True),), limit=64)
+    assert (found, capped) == (offloaded, False)
+    assert probes[0] == ("earlier", True) and all(b > recompute_only for b, _ in probes[1:])
+    probed = calls[:-1] if found else calls  # the last call replans the answer
+    assert all(b > recompute_only for b, _ in probed)
+    if found:
+        assert calls[-1] == (found, True)
+    replanned: list[int] = []
+    at_limit = _search_offloads_above(lambda b, _graph, offloads=False: replanned.append(b) is None,
+                                      lambda b: f"graph {b}", 64, True, (), limit=64)
+    assert at_limit == (64, True, ()) and replanned == [64]  # the limit fits: no probe, the plan redone there

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -127,6 +128,8 @@ def test_largest_batch_with_offload_starts_at_remat_opts_and_goes_past_it():
     rows = _table(report, "Largest batch").rows
     assert [(row[0], row[1]) for row in rows] == [(REMAT_OPT, str(plain.max_batch)),
                                                  (OFFLOAD_STRATEGY, str(offloaded.max_batch))]
+    alone = what_if(model, inputs, replace(request, strategies=(OFFLOAD_STRATEGY,))).max_batch.fits
+    assert [(f.strategy, f.max_batch) for f in alone] == [(OFFLOAD_STRATEGY, offloaded.max_batch)]  # on its own
 
 
 WIDE_MLP_FILE = textwrap.dedent(f'''
