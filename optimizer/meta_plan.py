@@ -325,15 +325,16 @@ def _search_offloads_above(fits_graph, graph_at, best: int, capped: bool, probes
 
     A rank plan with offloads is never slower than the recompute-only one, and fits wherever it
     fits (`plan_for_rank` keeps the faster of the two that fit), so only batches above ``best``
-    are probed, and the plan at the answer is replanned with offloads (a failing probe costs the
-    solves and the smallest-budget search: a few probes, not a whole search)."""
+    are probed; an answer above ``best`` was planned with offloads when probed, and ``best`` itself
+    is replanned with them (a failing probe costs the solves and the smallest-budget search: a few
+    probes, not a whole search)."""
     if capped:
         found = best
     else:
         found, capped, above = search_near(lambda b: b <= best or fits_graph(b, graph_at(b), True), limit,
                                            start=max(best, 1))
         probes = (*probes, *((b, ok) for b, ok in above if b > best))
-    if found:
+    if found and found == best:
         fits_graph(found, graph_at(found), True)
     return found, capped, probes
 

@@ -372,18 +372,23 @@ def plan_for_rank(graph: RematGraph, budget: int | str, config: DataParallelConf
                             allocator, graph_nodes, offsets, terms, breakdown, where)
     if offload_link is None:
         return fit()
-    # An offload plan can peak in another phase than the recompute-only plan at the same graph
-    # budget and need a lower one, where it may not fit at all: the recompute-only rank plan is
-    # planned too, and the faster of the two that fit is kept, as plan_graph keeps it.
-    fitted = []
-    for settings in ({"offload": offload, "link": offload_link, "host_budget": host_budget}, {}):
-        try:
-            fitted.append(fit(**settings))
-        except InfeasibleBudgetError as err:
-            refusal = err
-    if not fitted:
-        raise refusal
-    return min(fitted, key=lambda ranked: ranked.plan.extra_time_s)
+    # At the first graph budget plan_graph already keeps the faster of the offload and the
+    # recompute-only plan. But an offload plan can peak in another phase and need a lower graph
+    # budget, where it may not fit at all: then the recompute-only rank plan is planned too, and
+    # the faster of the two that fit is kept.
+    try:
+        offloaded = fit(offload=offload, link=offload_link, host_budget=host_budget)
+    except InfeasibleBudgetError:
+        offloaded = None
+    if offloaded is not None and offloaded.graph_budget_bytes == graph_budget:
+        return offloaded
+    try:
+        plain = fit()
+    except InfeasibleBudgetError:
+        if offloaded is None:
+            raise
+        return offloaded
+    return plain if offloaded is None else min(offloaded, plain, key=lambda ranked: ranked.plan.extra_time_s)
 
 
 def _fit_rank(graph: RematGraph, budget_bytes: int, graph_budget: int, solver: str, options: SolverOptions,

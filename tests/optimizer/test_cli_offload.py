@@ -46,17 +46,24 @@ WIDE_MLP = textwrap.dedent('''
 ''')
 
 
+def _json_without_and_with_offload(tmp_path, capsys, command: list[str]) -> tuple[dict, dict]:
+    """The ``--json`` reports of ``command`` run as given and with ``--offload``."""
+    reports = []
+    for name, extra in (("plain", []), ("offload", ["--offload"])):
+        path = tmp_path / f"{name}.json"
+        assert main([*command, *extra, "--json", str(path)]) == 0, capsys.readouterr().err
+        reports.append(json.loads(path.read_text()))
+    return reports[0], reports[1]
+
+
 def _plain_and_offloaded(tmp_path, capsys, *options: str) -> tuple[dict, dict, str]:
     """The wide MLP planned at 75% on an H200 without and with ``--offload`` (both JSON reports,
     and what the two runs printed); checks that the offload plan moves values and is faster."""
     model = tmp_path / "wide_mlp.py"
     model.write_text(WIDE_MLP)
-    common = [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10", *options]
-    plain_json, offload_json = tmp_path / "plain.json", tmp_path / "offload.json"
-    assert main([*common, "--json", str(plain_json)]) == 0
-    assert main([*common, "--offload", "--json", str(offload_json)]) == 0
+    plain, offloaded = _json_without_and_with_offload(
+        tmp_path, capsys, [str(model), "--budget", "75%", "--meta", "--device", "h200", "--time-limit", "10", *options])
     out = capsys.readouterr().out
-    plain, offloaded = json.loads(plain_json.read_text()), json.loads(offload_json.read_text())
     assert plain["offloaded"] == [] and plain["extra_time_s"] > 0
     assert offloaded["offloaded"] and offloaded["extra_time_s"] < plain["extra_time_s"]
     return plain, offloaded, out
@@ -88,12 +95,7 @@ def test_largest_rank_batch_with_offload(tmp_path, capsys):
     model.write_text(WIDE_MLP)
     common = [str(model), "--meta", "--device", "h200", "--max-batch", "--world-size", "4", "--strategy", "fsdp",
               "--budget", "1GB", "--solver", "greedy", "--time-limit", "1"]
-    answers = {}
-    for name, extra in (("plain", []), ("offload", ["--offload"])):
-        path = tmp_path / f"{name}.json"
-        assert main([*common, *extra, "--json", str(path)]) == 0, capsys.readouterr().err
-        answers[name] = json.loads(path.read_text())
-    plain, offloaded = answers["plain"], answers["offload"]
+    plain, offloaded = _json_without_and_with_offload(tmp_path, capsys, common)
     assert offloaded["max_batch"]["max_batch"] >= plain["max_batch"]["max_batch"] > 0
     assert offloaded["offloaded"] and plain["offloaded"] == []
     assert offloaded["extra_time_s"] < plain["extra_time_s"]
@@ -103,20 +105,16 @@ def test_largest_rank_batch_with_offload(tmp_path, capsys):
     assert "waits for copies" in capsys.readouterr().out
 
 
-def test_a_rank_plan_with_offload_fits_wherever_recomputation_alone_does(tmp_path):
+def test_a_rank_plan_with_offload_fits_wherever_recomputation_alone_does(tmp_path, capsys):
     """A greedy offload plan at FSDP's graph budget peaks in the forward, under the gather buffer,
     and replanning it lower found nothing: the rank's recompute-only plan fits, so it is kept."""
     model = tmp_path / "mlp.py"
     model.write_text(WIDE_MLP.replace("width=4096", "width=1024").replace("8192, 4096", "3072, 1024"))
     common = [str(model), "--meta", "--device", "h200", "--world-size", "4", "--strategy", "fsdp",
               "--budget", "120MB", "--solver", "greedy", "--time-limit", "1"]
-    plans = {}
-    for name, extra in (("plain", []), ("offload", ["--offload"])):
-        path = tmp_path / f"{name}.json"
-        assert main([*common, *extra, "--json", str(path)]) == 0
-        plans[name] = json.loads(path.read_text())
-    assert plans["offload"]["extra_time_s"] <= plans["plain"]["extra_time_s"]
-    assert plans["offload"]["rank"]["predicted_rank_peak_bytes"] <= plans["offload"]["rank"]["budget_bytes"]
+    plain, offloaded = _json_without_and_with_offload(tmp_path, capsys, common)
+    assert offloaded["extra_time_s"] <= plain["extra_time_s"]
+    assert offloaded["rank"]["predicted_rank_peak_bytes"] <= offloaded["rank"]["budget_bytes"]
 
 
 def test_offload_flag_usage_errors(tmp_path, capsys):
