@@ -19,11 +19,11 @@ left at None, the MLPs are split only where no plan with whole MLPs fits.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from typing import Any
 
 import torch
 
+from frontends.eager_runtime.checkpoint_timing import measured_candidates
 from frontends.eager_runtime.eager_checkpoint import (
     CheckpointPlan,
     CheckpointPlanError,
@@ -43,7 +43,7 @@ from frontends.eager_runtime.eager_ops import (
     capture_for_eager,
     eager_graph,
     held_values,
-    region_keys,
+    region_policy,
 )
 from frontends.eager_runtime.eager_split import with_modules
 from frontends.eager_runtime.split_capture import capture_split, on_cpu
@@ -76,22 +76,8 @@ from solvers.planning.training_loop import TrainingLoop, end_bytes, iteration_er
 def _policies(solution: EagerSolution, graph, trace: EagerTrace,
               found: list) -> tuple[RegionPolicy, ...]:
     mappable = {c.path: c.mappable for c in found}
-    regions = []
-    for choice in solution.choices:
-        if choice.option == CHUNKED:  # a split MLP's chunk: its ChunkedForward checkpoints it
-            continue
-        keys = region_keys(graph, choice.path, trace.overloads)
-        save: dict[str, list[int]] = {}
-        for name in choice.saved:
-            if name in keys and name in mappable[choice.path]:
-                op, index = keys[name]
-                save.setdefault(op, []).append(index)
-        regions.append(RegionPolicy(
-            path=choice.path, option=choice.option,
-            save=tuple((op, tuple(sorted(idx))) for op, idx in sorted(save.items())),
-            expected_ops=tuple(sorted(Counter(trace.region_ops(choice.path)).items())),
-            saving_bytes=choice.saving_bytes, extra_flops=choice.extra_flops))
-    return tuple(regions)
+    return tuple(region_policy(choice, graph, trace, mappable[choice.path])
+                 for choice in solution.choices if choice.option != CHUNKED)  # chunks: ChunkedForward's
 
 
 EAGER_SETTINGS = ("solver", "time_limit", "cost_model", "grad_outputs", "python_side_effects", "split", "split_mlp",
@@ -239,6 +225,8 @@ def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, ca
     base_graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, cpu)
     found = candidates(base_graph, trace, model)
     graph = with_holds(base_graph, held_values(base_graph, trace, found))
+    if not splits:  # each checkpoint's own overhead, timed (a split MLP's chunks would run whole)
+        found = measured_candidates(graph, trace, model, inputs, kwargs, found)
     return _EagerStep(graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
 
 

@@ -31,6 +31,7 @@ from frontends.eager_runtime.eager_checkpoint import (
     EAGER_BATCH_NORMS,
     NOMINAL_CHECKPOINT_CALL_S,
     NOMINAL_POLICY_OP_S,
+    RegionPolicy,
     checkpoint_call_seconds,
     is_in_place,
     policy_op_seconds,
@@ -38,7 +39,13 @@ from frontends.eager_runtime.eager_checkpoint import (
 from frontends.guards.forward_guards import ForwardGuard
 from frontends.torch_compat import TorchDispatchMode, tree_leaves
 from solvers.ir.graph import Phase, RematGraph
-from solvers.planning.eager_plan import STATISTICS_OP, RegionCandidate, with_autograd_node_holds, within
+from solvers.planning.eager_plan import (
+    STATISTICS_OP,
+    RegionCandidate,
+    RegionOption,
+    with_autograd_node_holds,
+    within,
+)
 
 
 def capture_for_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -179,18 +186,15 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
 
 
 @contextlib.contextmanager
-def forwards_left_as_found(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Iterator[None]:
-    """Within: training forwards (grad on) whose saved tensors are dropped as they are made (no
-    backward runs, and no more memory is held than inference holds); on exit the model is as
-    found: the RNG streams were forked, the buffers (BatchNorm statistics) are restored, and so
-    is what a forward changes in Python (a step counter, module-level variables, hooks it
-    registers: `ForwardGuard.restore`, as capture does), which with
-    ``python_side_effects="ignore"`` the planning forwards would otherwise move."""
+def model_left_as_found(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Iterator[None]:
+    """Within: the model may run forwards and backwards; on exit it is as found: the RNG streams
+    were forked, the buffers (BatchNorm statistics) are restored, and so is what a forward changes
+    in Python (a step counter, module-level variables, hooks it registers:
+    `ForwardGuard.restore`, as capture does)."""
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     python_state = ForwardGuard(model, tuple(args), dict(kwargs or {}))
     try:
-        with torch.random.fork_rng(devices=step_cuda_devices(model, args)), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked):
+        with torch.random.fork_rng(devices=step_cuda_devices(model, args)):
             yield
     finally:
         python_state.restore()
@@ -198,6 +202,17 @@ def forwards_left_as_found(model: torch.nn.Module, args: tuple, kwargs: dict | N
             for n, b in model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
+
+
+@contextlib.contextmanager
+def forwards_left_as_found(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Iterator[None]:
+    """Within: training forwards (grad on) whose saved tensors are dropped as they are made (no
+    backward runs, and no more memory is held than inference holds); on exit the model is as
+    found (`model_left_as_found`), which with ``python_side_effects="ignore"`` the planning
+    forwards would otherwise move."""
+    with model_left_as_found(model, args, kwargs), torch.enable_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(_not_kept, _never_unpacked):
+        yield
 
 
 def step_cuda_devices(model: torch.nn.Module, args: tuple) -> list[int]:
@@ -271,6 +286,23 @@ def region_keys(graph: RematGraph, path: str, overloads: frozenset[str] = frozen
             keys[members[0]] = (op, counter[op])
             counter[op] += 1
     return keys
+
+
+def region_policy(choice: RegionOption, graph: RematGraph, trace: EagerTrace,
+                  mappable: frozenset[str]) -> RegionPolicy:
+    """The runtime's policy for one planned region: the calls (overload, index) of the values
+    ``choice`` keeps that the policy can name (``mappable``), and the calls the region made."""
+    keys = region_keys(graph, choice.path, trace.overloads)
+    save: dict[str, list[int]] = {}
+    for name in choice.saved:
+        if name in keys and name in mappable:
+            op, index = keys[name]
+            save.setdefault(op, []).append(index)
+    return RegionPolicy(
+        path=choice.path, option=choice.option,
+        save=tuple((op, tuple(sorted(idx))) for op, idx in sorted(save.items())),
+        expected_ops=tuple(sorted(Counter(trace.region_ops(choice.path)).items())),
+        saving_bytes=choice.saving_bytes, extra_flops=choice.extra_flops)
 
 
 RERUN_SCALE_RANGE = (0.5, 4.0)

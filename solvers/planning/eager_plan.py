@@ -589,6 +589,33 @@ class RegionModel:
         return simulate(self.graph, self.schedule(choices), link=link)
 
 
+def timed_option(model: RegionModel, path: str) -> RegionOption | None:
+    """The option whose checkpoint is timed to price a region's own overhead (`with_measured_checkpoints`):
+    ``none`` (plain checkpoint, or the least the region must keep), else the one that reruns most."""
+    options = [o for o in model.options.get(path, ()) if o.option in OPTIONS and o.recompute_groups]
+    named = {o.option: o for o in options}
+    if "none" in named:
+        return named["none"]
+    return max(options, key=lambda o: len(o.recompute_groups), default=None)
+
+
+def with_measured_checkpoints(model: RegionModel, candidates: Sequence[RegionCandidate],
+                              measured: Mapping[str, float]) -> list[RegionCandidate]:
+    """``candidates`` whose ``checkpoint_s`` is what their measured checkpoint (``measured``: path ->
+    seconds it added to the region's forward and backward, timed with `timed_option`'s saved set)
+    leaves beyond the option's rerun and policy as priced: the hooks every saved tensor passes, the
+    rerun's fresh allocations, which a nominal per-call figure leaves out. Never below zero, so a
+    region whose measurement came in under its priced rerun keeps the rerun's price."""
+    out = []
+    for cand in candidates:
+        option = timed_option(model, cand.path) if cand.path in measured else None
+        if option is not None:
+            priced = option.extra_cost - model.checkpoint_s[cand.path]
+            cand = dataclasses.replace(cand, checkpoint_s=max(measured[cand.path] - priced, 0.0))
+        out.append(cand)
+    return out
+
+
 # ---------------------------------------------------------------------- the knapsack
 Point = tuple[int, float, tuple[RegionOption, ...]]  # (saving bytes, extra cost, choices)
 

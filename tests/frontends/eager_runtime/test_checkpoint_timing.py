@@ -1,0 +1,165 @@
+"""What a checkpoint adds to its own module's forward and backward, timed alone, and how the
+eager planner prices it.
+
+Checked: each module's inputs from one forward are copied (gradients asked for where the
+originals asked), a module called twice is left out; timing a checkpointed region leaves the
+model as found (buffers, RNG stream, ``.grad``), gives like modules one median, leaves out what no
+gradient flows through; the planner's per-call price becomes what the measurement leaves beyond
+the priced rerun (never below zero); `apply_checkpointing` prices with it in measured time only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import optimizer.checkpointing as checkpointing
+from frontends.eager_runtime import checkpoint_timing
+from frontends.eager_runtime.checkpoint_timing import (
+    CheckpointTiming,
+    record_module_inputs,
+    time_checkpointed_regions,
+)
+from frontends.eager_runtime.eager_checkpoint import RegionPolicy
+from frontends.eager_runtime.eager_ops import candidates, eager_graph, held_values
+from frontends.eager_runtime.split_capture import capture_split
+from optimizer import apply_checkpointing
+from solvers.planning.eager_plan import RegionModel, timed_option, with_holds, with_measured_checkpoints
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.gate = nn.ReLU()  # reads the input alone: no gradient flows through it
+            self.norm = nn.BatchNorm1d(d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(3))
+            self.shared = nn.Linear(d, d)  # called twice per forward
+            self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.shared(self.norm(self.gate(x)))
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.mse_loss(self.shared(self.drop(x)), target)
+
+
+def inputs(batch: int = 512, d: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, d, generator=g), torch.randn(batch, d, generator=g)
+
+
+def plain(path: str) -> RegionPolicy:
+    return RegionPolicy(path=path, option="none", save=(), expected_ops=())
+
+
+def test_each_module_gets_a_copy_of_its_inputs_and_one_called_twice_none():
+    model, args = Net(), inputs()
+    recorded = record_module_inputs(model, args, None, ["gate", "blocks.1", "shared"])
+    assert set(recorded) == {"gate", "blocks.1"}  # "shared" runs twice: no one call to time
+    (gate_x,), gate_kwargs = recorded["gate"]
+    assert torch.equal(gate_x, args[0]) and gate_x is not args[0] and not gate_x.requires_grad
+    assert gate_kwargs == {}
+    (block_x,), _ = recorded["blocks.1"]
+    assert block_x.requires_grad and block_x.is_leaf and block_x.grad_fn is None
+
+
+def test_timing_leaves_the_model_as_found_and_gives_like_modules_one_median():
+    model, args = Net(), inputs()
+    statistics_before = {n: b.clone() for n, b in model.named_buffers()}
+    grads = {n: torch.full_like(p, 7.0) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = grads[n]
+    torch.manual_seed(5)
+    expected_next = torch.rand(3)
+    torch.manual_seed(5)
+    timing = time_checkpointed_regions(model, args, None,
+                                       [[plain(f"blocks.{i}") for i in range(3)], [plain("norm")],
+                                        [plain("gate")], [plain("shared")]])
+    assert torch.equal(torch.rand(3), expected_next)  # the RNG stream did not move
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, statistics_before[name]), name  # BatchNorm ran, and was put back
+    for n, p in model.named_parameters():
+        assert p.grad is grads[n] and bool((p.grad == 7.0).all()), n  # autograd.grad: no .grad moved
+    assert "forward" not in model.blocks[0].__dict__  # no wrapper is left on a module
+    assert timing.rounds == checkpoint_timing.REPEATS
+    assert set(timing.skipped) == {"gate", "shared"}  # nothing flows through one; the other runs twice
+    values = {timing.extra_s[f"blocks.{i}"] for i in range(3)}
+    assert len(values) == 1  # the three blocks are one group: one median
+    assert values.pop() > 0  # a checkpointed block reruns its forward in backward: it costs time
+    assert timing.extra_s["norm"] > 0
+
+
+def test_groups_over_the_budget_are_left_out(monkeypatch):
+    model, args = Net(), inputs()
+    timing = time_checkpointed_regions(model, args, None, [[plain("blocks.0")], [plain("norm")]], budget_s=1e-9)
+    assert timing.extra_s == {} and set(timing.skipped) == {"blocks.0", "norm"}
+
+
+def _model_and_candidates(cost_model: str = "flops"):
+    model, args = Net(), inputs()
+    captured, trace, *_ = capture_split(model, args, None, 1, cost_model, "losses", None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    found = candidates(graph, trace, model)
+    return with_holds(graph, held_values(graph, trace, found)), found
+
+
+def test_the_measured_checkpoint_replaces_the_per_call_price_beyond_the_priced_rerun():
+    graph, found = _model_and_candidates()
+    found = [dataclasses.replace(c, checkpoint_s=0.5) for c in found]
+    before = RegionModel(graph, found)
+    timed = {p: timed_option(before, p) for p in before.options}
+    assert timed["blocks.0"].option == "none"
+    measured = {"blocks.0": timed["blocks.0"].extra_cost + 2.0,  # 2.0 more than priced
+                "blocks.1": 0.0}  # under the priced rerun: never a negative call
+    after_candidates = with_measured_checkpoints(before, found, measured)
+    by_path = {c.path: c for c in after_candidates}
+    assert by_path["blocks.0"].checkpoint_s == pytest.approx(2.5)
+    assert by_path["blocks.1"].checkpoint_s == 0.0
+    assert by_path["blocks.2"].checkpoint_s == 0.5  # not measured: as it was
+    after = RegionModel(graph, after_candidates)
+    for old, new in zip(before.options["blocks.0"], after.options["blocks.0"]):
+        assert new.extra_cost == pytest.approx(old.extra_cost + 2.0)
+    assert {o.option: o for o in after.options["blocks.0"]}["none"].extra_cost == pytest.approx(measured["blocks.0"])
+    for old, new in zip(before.options["blocks.1"], after.options["blocks.1"]):
+        assert new.extra_cost == pytest.approx(old.extra_cost - 0.5)
+
+
+def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(monkeypatch):
+    timed_paths: list[str] = []
+
+    def one_second_each(model, args, kwargs, groups, **_):
+        paths = [r.path for group in groups for r in group]
+        timed_paths.extend(paths)
+        return CheckpointTiming(extra_s={p: 1.0 for p in paths}, rounds=1, skipped=())
+
+    monkeypatch.setattr(checkpoint_timing, "time_checkpointed_regions", one_second_each)
+    model, args = Net(), inputs()
+    plan = apply_checkpointing(model, args, budget="80%", cost_model="device", time_limit=10)
+    assert {f"blocks.{i}" for i in range(3)} <= set(timed_paths)
+    assert plan.regions
+    # every region's checkpoint was measured at a second: the plan's extra time says so
+    assert plan.plan.extra_time_s >= 0.9 * len([r for r in plan.regions if r.path in timed_paths])
+    summary = dict(plan.summary)
+    assert summary["per_block_extra_time_s"] == pytest.approx(3.0, rel=0.05)  # three blocks, "none" each
+    checkpointing.remove_checkpointing(model)
+
+    timed_paths.clear()
+    apply_checkpointing(model, args, budget="80%", cost_model="flops", time_limit=10)
+    assert timed_paths == []  # in FLOPs nothing is timed
