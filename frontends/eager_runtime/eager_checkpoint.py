@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.eager_runtime.eager_offload import OFFLOADS, OffloadedForward, offload_modules
@@ -202,6 +203,53 @@ def recomputes_batch_norm(save: tuple[tuple[str, tuple[int, ...]], ...],
     return any(len(kept.get(op, ())) < n for op, n in expected_ops if op in EAGER_BATCH_NORMS)
 
 
+def counting_batch_norms(module: torch.nn.Module) -> list[_BatchNorm]:
+    """The BatchNorm modules under ``module`` that count their training steps
+    (``num_batches_tracked.add_(1)`` once per training call)."""
+    return [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+            and getattr(m, "num_batches_tracked", None) is not None]
+
+
+def keeps_only_batch_norm_counters(module: torch.nn.Module, save: tuple[tuple[str, tuple[int, ...]], ...],
+                                   expected_ops: tuple[tuple[str, int], ...]) -> bool:
+    """Whether a region's policy keeps nothing but its BatchNorms' step counters: the region's
+    only in-place calls are one counter update per counting BatchNorm module, each BatchNorm
+    module makes the region's only batch norm calls, and ``save`` keeps exactly those updates.
+    Such a region runs as plain ``checkpoint`` with the BatchNorms frozen by attribute on the
+    rerun (`_BatchNormsFrozenOnRerun`): no dispatch mode, and the same statistics."""
+    norms = len(counting_batch_norms(module))
+    batch_norm_calls = sum(n for op, n in expected_ops if op in EAGER_BATCH_NORMS)
+    in_place_calls = sum(n for op, n in expected_ops if is_in_place(op))
+    kept = sum(len(indices) for _, indices in save)
+    return (norms > 0 and norms == batch_norm_calls == in_place_calls == kept
+            and all(is_in_place(op) for op, _ in save))
+
+
+class _BatchNormsFrozenOnRerun:
+    """A checkpointed function whose later calls (checkpoint's recomputation) run with every
+    counting BatchNorm at momentum 0 and its step counter put back afterwards: the running
+    statistics get ``1 * running + 0 * batch``, bit for bit what they were (`_FrozenStatistics`'s
+    rule, set on the modules instead of through a dispatch mode), and the batch is counted once."""
+
+    def __init__(self, inner: Any, norms: list[_BatchNorm]) -> None:
+        self.inner, self.norms, self.calls = inner, norms, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            return self.inner(*args, **kwargs)
+        kept = [(m, m.momentum, m.num_batches_tracked.clone()) for m in self.norms]
+        try:
+            for m in self.norms:
+                m.momentum = 0.0
+            return self.inner(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for m, momentum, count in kept:
+                    m.momentum = momentum
+                    m.num_batches_tracked.copy_(count)
+
+
 NOMINAL_POLICY_OP_S = 8e-6
 """Seconds a selective-checkpoint policy adds per forward op call (its Python dispatch mode), as
 `policy_op_seconds` measured it on one core of a 2-core x86_64 VM (2026-12-06): what plans priced
@@ -329,6 +377,9 @@ class CheckpointedForward(InstanceForward):
         self._freeze = recomputes_batch_norm(region.save, region.expected_ops)
         self._warned = False
         self._splits: bool | None = None
+        self._counters_only: bool | None = None
+        """Whether the policy keeps only BatchNorm step counters (`keeps_only_batch_norm_counters`),
+        found at the first call."""
         """Whether a split MLP runs inside (found at the first call: a module being deep-copied
         has no submodules yet)."""
 
@@ -354,6 +405,12 @@ class CheckpointedForward(InstanceForward):
             # Saves nothing: plain checkpoint. A policy would send every op of the region through
             # a Python dispatch mode only to answer "recompute" (per-block checkpointing's cost).
             return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        if self._counters_only is None:
+            self._counters_only = keeps_only_batch_norm_counters(self.module, self.region.save,
+                                                                 self.region.expected_ops)
+        if self._counters_only:  # keeps only BatchNorm step counters: no policy, norms frozen by attribute
+            return checkpoint(_BatchNormsFrozenOnRerun(inner, counting_batch_norms(self.module)), *args,
+                              use_reentrant=False, preserve_rng_state=True, **kwargs)
         seen: list[_Policy] = []
         out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=functools.partial(_policy_contexts, self.region.save, seen,

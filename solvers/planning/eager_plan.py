@@ -112,6 +112,10 @@ class RegionCandidate:
     rerun_scale: float = 1.0
     """The region's eager forward time over its ops' priced time: an eager rerun also runs the
     module's Python and records autograd's graph, which the ops, each timed alone, leave out."""
+    counters_run_plain: bool = False
+    """The region's only state updates are its BatchNorms' step counters: a saved set of nothing
+    but them runs as plain ``checkpoint`` (the runtime freezes the norms by attribute on the
+    rerun), so it pays no policy."""
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,7 @@ class RegionModel:
         self.policy_s = {c.path: c.policy_s for c in candidates if c.path in regions}
         self.checkpoint_s = {c.path: c.checkpoint_s for c in candidates if c.path in regions}
         self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
+        self.counters_run_plain = {c.path: c.counters_run_plain for c in candidates if c.path in regions}
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -447,7 +452,8 @@ class RegionModel:
             cost = 0.0
             if dropped or saved:  # an eager rerun of its ops, and the checkpoint around them
                 cost = self.rerun_scale[path] * sum(g[v].cost for v in recompute) + self.checkpoint_s[path]
-            if saved:  # the policy's dispatch mode: the forward, and the ops rerun
+            if saved and not (self.counters_run_plain[path] and saved <= self.run_once):
+                # the policy's dispatch mode: the forward, and the ops rerun
                 cost += self.policy_s[path] * (1 + len(recompute) / len(values))
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
             # Kept values backward does not read are held longer than plain autograd holds them.

@@ -21,8 +21,15 @@ from e2e_helpers import example_path, load_example, max_relative_error, measured
 from torch import nn
 
 from frontends.eager_runtime import eager_checkpoint
-from frontends.eager_runtime.eager_checkpoint import recomputes_batch_norm
-from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
+from frontends.eager_runtime.eager_checkpoint import apply_regions, recomputes_batch_norm
+from frontends.eager_runtime.eager_ops import (
+    candidates,
+    capture_for_eager,
+    eager_graph,
+    held_values,
+    region_policy,
+    trace_eager,
+)
 from optimizer.checkpointing import (
     CheckpointPlanError,
     apply_checkpointing,
@@ -179,6 +186,90 @@ def test_batch_norm_blocks_are_checkpointed_and_update_statistics_once():
     for (name, buf), ref in zip(compiled.named_buffers(), twin.buffers()):
         assert torch.equal(buf, ref), name  # compiled, statistics are still updated once
     assert measured_peak(model, inputs) == pytest.approx(plan.predicted_peak_bytes, rel=PEAK_TOLERANCE)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_regions_keeping_only_batch_norm_counters_run_plain_checkpoint(monkeypatch, momentum):
+    """examples/resnet.py with the outermost regions whose saved set is only their BatchNorms' step
+    counters (the stem's norm; all blocks as one Sequential, 14 counters) checkpointed: plain
+    checkpoint (no policy, so no dispatch mode), the norms frozen by attribute on the rerun. After
+    two steps the gradients, running statistics, batch counts and momentum equal plain
+    autograd's, bit for bit (momentum None: the cumulative average reads the count)."""
+    model, inputs = load_example("resnet")
+    model = model.double().train()
+    inputs = tuple(i.double() if i.is_floating_point() else i for i in inputs)
+    captured = capture_for_eager(model, inputs, None)  # momentum None reads the count: not traceable
+    graph = eager_graph(captured.graph, captured.gm, True)
+    trace = trace_eager(model, inputs)
+    found = candidates(graph, trace, model)
+    regions = RegionModel(with_holds(graph, held_values(graph, trace, found)), found)
+    chosen = []
+    for cand in sorted(found, key=lambda c: c.path.count(".")):
+        option = {o.option: o for o in regions.options.get(cand.path, ())}.get("none")
+        if cand.counters_run_plain and option is not None and set(option.saved) <= regions.run_once \
+                and not any(cand.path.startswith(c.path + ".") for c in chosen):
+            chosen.append(region_policy(option, regions.graph, trace, cand.mappable))
+    assert {"stem.1", "blocks"} <= {r.path for r in chosen} and all(r.save for r in chosen)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.momentum = momentum
+    reference = copy.deepcopy(model)
+    apply_regions(model, tuple(chosen))
+    modules = dict(model.named_modules())
+    assert all(eager_checkpoint.keeps_only_batch_norm_counters(modules[r.path], r.save, r.expected_ops)
+               for r in chosen)
+    policies = []
+    real = eager_checkpoint._policy_contexts
+    monkeypatch.setattr(eager_checkpoint, "_policy_contexts",
+                        lambda *args, **kwargs: policies.append(args[0]) or real(*args, **kwargs))
+    for _ in range(2):
+        loss, grads = _grads(model, inputs)
+        ref_loss, ref_grads = _grads(reference, inputs)
+        assert torch.equal(loss, ref_loss)
+        assert max_relative_error(grads, ref_grads) < 1e-10
+    assert policies == []
+    for (name, buf), ref in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(buf, ref), name
+    assert all(m.momentum == momentum for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def test_only_batch_norm_counters_means_nothing_else_kept_or_written():
+    block = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.BatchNorm1d(8))
+    counters = (("aten.add_.Tensor", (0, 1)),)
+    ops = (("aten.addmm.default", 1), ("aten.add_.Tensor", 2), ("aten.native_batch_norm.default", 2),
+           ("aten.relu.default", 1))
+    keeps = eager_checkpoint.keeps_only_batch_norm_counters
+    assert keeps(block, counters, ops)
+    assert not keeps(block, (*counters, ("aten.addmm.default", (0,))), ops)  # keeps a matmul too
+    assert not keeps(block, (("aten.add_.Tensor", (0,)),), ops)  # one counter would rerun
+    assert not keeps(block, counters, (*ops, ("aten.relu_.default", 1)))  # another in-place write
+    assert not keeps(nn.Sequential(nn.Linear(8, 8)), (), (("aten.addmm.default", 1),))  # no norm
+    untracked = nn.Sequential(nn.BatchNorm1d(8, track_running_stats=False))
+    assert not keeps(untracked, (("aten.add_.Tensor", (0,)),), (("aten.add_.Tensor", 1),
+                                                                  ("aten.native_batch_norm.default", 1)))
+
+
+def test_keeping_only_batch_norm_counters_is_charged_no_policy():
+    """The planner charges the policy to options that keep more than the counters, not to one
+    that keeps only them, where the runtime runs plain checkpoint."""
+    model, inputs = load_example("convnet")
+    captured = capture_for_eager(model, inputs, None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    trace = trace_eager(model, inputs)
+    found = candidates(graph, trace, model)
+    assert any(c.counters_run_plain for c in found)
+    graph = with_holds(graph, held_values(graph, trace, found))
+    charged = RegionModel(graph, [dataclasses.replace(c, policy_s=1.0) for c in found])
+    free = RegionModel(graph, [dataclasses.replace(c, policy_s=0.0) for c in found])
+    counters_only = 0
+    for path, options in charged.options.items():
+        for plain, option in zip(free.options[path], options):
+            if charged.counters_run_plain[path] and set(option.saved) <= charged.run_once:
+                counters_only += 1
+                assert option.saved and option.extra_cost == plain.extra_cost
+            elif option.saved:
+                assert option.extra_cost > plain.extra_cost + 1.0
+    assert counters_only
 
 
 def test_the_eager_graph_writes_nothing_in_place_by_the_graph_runtime_rule():
