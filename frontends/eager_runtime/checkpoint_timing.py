@@ -52,7 +52,8 @@ class CheckpointTiming:
     and backward run alone: the median over `rounds` paired runs of its group."""
     rounds: int
     skipped: tuple[str, ...]
-    """Paths not timed: no gradient flows through them, or their group did not fit the budget."""
+    """Paths not timed: no gradient flows through them, they do not run alone (they raised), or
+    their group did not fit the budget."""
 
 
 def record_module_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -131,7 +132,10 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
         runs = [(module, "plain"), (wrapped, "checkpointed")]
         if not plain_first:
             runs.reverse()
-        times = {label: seconds(call, region) for call, label in runs}
+        try:
+            times = {label: seconds(call, region) for call, label in runs}
+        except Exception:  # a module that does not run alone (it reads what its parent set): not timed
+            return None
         if times["plain"] is None or times["checkpointed"] is None:
             return None
         return times["checkpointed"] - times["plain"]

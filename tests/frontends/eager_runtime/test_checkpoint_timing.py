@@ -106,6 +106,38 @@ def test_timing_leaves_the_model_as_found_and_gives_like_modules_one_median():
     assert timing.extra_s["norm"] > 0
 
 
+class NeedsParent(nn.Module):
+    """Reads a scale its parent sets during the parent's forward: it cannot run alone."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+class Parent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.block = NeedsParent(), Block(64)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.inner.scale = 2.0
+        try:
+            return nn.functional.mse_loss(self.block(self.inner(x)), target)
+        finally:
+            del self.inner.scale
+
+
+def test_a_module_that_does_not_run_alone_is_left_out_and_planning_goes_on():
+    model, args = Parent(), inputs()
+    timing = time_checkpointed_regions(model, args, None, [[plain("inner")], [plain("block")]])
+    assert timing.skipped == ("inner",) and timing.extra_s["block"] > 0
+    plan = apply_checkpointing(model, args, budget="90%", cost_model="device", time_limit=5)
+    assert plan.plan.predicted_peak_bytes <= plan.plan.budget_bytes
+
+
 def test_groups_over_the_budget_are_left_out(monkeypatch):
     model, args = Net(), inputs()
     timing = time_checkpointed_regions(model, args, None, [[plain("blocks.0")], [plain("norm")]], budget_s=1e-9)
