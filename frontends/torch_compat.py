@@ -38,6 +38,7 @@ from torch._functorch.partitioners import (  # noqa: F401
 from torch._guards import CompileContext, TracingContext, detect_fake_mode  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily  # noqa: F401
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module  # noqa: F401
+from torch.nn.modules.batchnorm import _BatchNorm  # noqa: F401
 from torch.utils import _pytree as pytree  # noqa: F401
 from torch.utils._mode_utils import no_dispatch  # noqa: F401
 from torch.utils._python_dispatch import (  # noqa: F401
@@ -73,6 +74,9 @@ PARTITIONER_LOGGER = "torch._functorch.partitioners"
 #   meta value remat-opt adds to a joint must be made in the joint's fake mode (`fake_like_mode`).
 # _make_graph_module / _use_lazy_graph_module: fx's lazy graph modules (capture traces with them;
 #   joint_stitch, repeated_body build modules as it does); 2.11.0, 2.13.0, 2.14.1.
+# _BatchNorm: the base of every BatchNorm module that counts its training steps (BatchNorm1d/2d/3d,
+#   SyncBatchNorm, the lazy ones; eager_checkpoint freezes them by attribute on a rerun);
+#   2.11.0, 2.13.0, 2.14.1.
 # pytree / tree_flatten / tree_unflatten / tree_map / tree_leaves / arg_tree_leaves: torch's pytree
 #   (flattening step inputs and outputs, node args; pytree.SUPPORTED_NODES, tree_is_leaf in
 #   fx_leaves); 2.11.0, 2.13.0, 2.14.1.

@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from frontends.eager_runtime.eager_offload import OFFLOADS, OffloadedForward, offload_modules
 from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward, wrappers_of
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
-from frontends.torch_compat import TorchDispatchMode
+from frontends.torch_compat import TorchDispatchMode, _BatchNorm
 from solvers.ir.budget import format_bytes
 from solvers.ir.plan import Plan
 
