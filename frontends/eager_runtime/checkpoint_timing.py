@@ -34,9 +34,9 @@ from frontends.eager_runtime.eager_ops import (
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.torch_compat import tree_leaves, tree_map
 from solvers.ir.graph import RematGraph
-from solvers.planning.eager_plan import RegionCandidate, RegionModel, timed_option, with_measured_checkpoints
+from solvers.planning.eager_plan import RegionCandidate, RegionModel, timed_options, with_measured_options
 
-TIMING_BUDGET_S = 10.0
+TIMING_BUDGET_S = 20.0
 """Seconds the timed rounds may take after the warm-up; the dearest groups are left out first."""
 
 REPEATS = 7
@@ -45,15 +45,15 @@ REPEATS = 7
 
 @dataclass(frozen=True)
 class CheckpointTiming:
-    """Measured seconds a checkpoint adds per module, and what could not be timed."""
+    """Measured seconds a checkpoint adds per module and saved set, and what could not be timed."""
 
-    extra_s: dict[str, float]
-    """Module path -> seconds its checkpoint (the policy it was timed with) adds to its forward
-    and backward run alone: the median over `rounds` paired runs of its group."""
+    extra_s: dict[tuple[str, str], float]
+    """(module path, option) -> seconds its checkpoint with that option's policy adds to the
+    module's forward and backward run alone: the median over `rounds` paired runs of its group."""
     rounds: int
-    skipped: tuple[str, ...]
-    """Paths not timed: no gradient flows through them, they do not run alone (they raised), or
-    their group did not fit the budget."""
+    skipped: tuple[tuple[str, str], ...]
+    """(path, option) not timed: no gradient flows through the module, it does not run alone (it
+    raised), or its group did not fit the budget."""
 
 
 def record_module_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -103,14 +103,15 @@ def _forward_backward(call, module: torch.nn.Module, a: tuple, k: dict) -> bool:
 def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict | None,
                               groups: Sequence[Sequence[RegionPolicy]], repeats: int = REPEATS,
                               budget_s: float = TIMING_BUDGET_S) -> CheckpointTiming:
-    """Seconds checkpointing each region adds to its own forward and backward: the region runs on
-    the inputs one forward gave it (`record_module_inputs`), plainly and under the eager
-    runtime's wrapper with its policy (`CheckpointedForward`), in paired rounds whose order
-    alternates. ``groups``: like modules (a model's repeated layers), timed in turn, one median
-    per group. The model is left as found (buffers, RNG, Python state), and no ``.grad`` moves."""
+    """Seconds checkpointing each region with its policy adds to its own forward and backward: the
+    region runs on the inputs one forward gave it (`record_module_inputs`), plainly and under the
+    eager runtime's wrapper (`CheckpointedForward`), in paired rounds whose order alternates.
+    ``groups``: like modules with the same saved set (a model's repeated layers), timed in turn,
+    one median per group; the cheapest groups first within ``budget_s``. The model is left as
+    found (buffers, RNG, Python state), and no ``.grad`` moves."""
     modules = dict(model.named_modules())
-    policies = {r.path: r for group in groups for r in group}
-    inputs = record_module_inputs(model, args, kwargs, list(policies))
+    wanted = [(r.path, r.option) for group in groups for r in group]
+    inputs = record_module_inputs(model, args, kwargs, list(dict.fromkeys(p for p, _ in wanted)))
     groups = [[r for r in group if r.path in inputs] for group in groups]
     groups = [g for g in groups if g]
     devices = step_cuda_devices(model, args)
@@ -140,21 +141,21 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
             return None
         return times["checkpointed"] - times["plain"]
 
-    skipped: list[str] = []
+    skipped: list[tuple[str, str]] = []
     samples: dict[int, list[float]] = {}
     with model_left_as_found(model, args, kwargs), torch.enable_grad():
         cost: dict[int, float] = {}
         for index, group in enumerate(groups):  # warm-up: lazy initialisation, and what a pair costs
             start = time.perf_counter()
             if pair(group[0], True) is None:
-                skipped += [r.path for r in group]
+                skipped += [(r.path, r.option) for r in group]
                 continue
             cost[index] = time.perf_counter() - start
         kept: list[int] = []
         spent = 0.0
         for index in sorted(cost, key=cost.__getitem__):
             if (spent + cost[index]) * repeats > budget_s:
-                skipped += [r.path for r in groups[index]]
+                skipped += [(r.path, r.option) for r in groups[index]]
                 continue
             spent += cost[index]
             kept.append(index)
@@ -164,23 +165,24 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
                 diff = pair(group[round_ % len(group)], plain_first=round_ % 2 == 0)
                 if diff is not None:
                     samples.setdefault(index, []).append(diff)
-    extra = {r.path: statistics.median(samples[i]) for i in kept if samples.get(i) for r in groups[i]}
-    skipped += [p for p in policies if p not in inputs]
+    extra = {(r.path, r.option): statistics.median(samples[i]) for i in kept if samples.get(i) for r in groups[i]}
+    skipped += [key for key in wanted if key[0] not in inputs]
     return CheckpointTiming(extra_s=extra, rounds=repeats if kept else 0, skipped=tuple(dict.fromkeys(skipped)))
 
 
 LARGEST_REGION = 0.5
 """Regions whose forward makes more than this share of the step's forward bytes are not timed
 (run alone, forward and backward, they would hold about as much as the step the plan is for);
-they keep the nominal per-call price, small beside their rerun."""
+their options keep the modelled price."""
 
 
 def measured_candidates(graph: RematGraph, trace: EagerTrace, model: torch.nn.Module, args: tuple,
                         kwargs: dict | None, found: Sequence[RegionCandidate],
                         chunked: Sequence[str] = ()) -> list[RegionCandidate]:
-    """``found`` with each region's checkpoint priced as measured (`time_checkpointed_regions`,
-    `solvers.planning.eager_plan.with_measured_checkpoints`). Like modules (same class, same eager
-    ops, same saved set) are one group. Only where the graph prices measured time."""
+    """``found`` with each region's checkpoint options priced as measured (`time_checkpointed_regions`,
+    `solvers.planning.eager_plan.with_measured_options`): every saved-set option of every region,
+    like modules (same class, same eager ops, same saved set) as one group. Only where the graph
+    prices measured time."""
     if not prices_measured_time(graph):
         return list(found)
     regions = RegionModel(graph, found, chunked)
@@ -189,15 +191,14 @@ def measured_candidates(graph: RematGraph, trace: EagerTrace, model: torch.nn.Mo
     modules = dict(model.named_modules())
     groups: dict[tuple, list[RegionPolicy]] = {}
     for path in regions.options:
-        option = timed_option(regions, path)
-        if option is None or path not in modules \
-                or sum(graph[v].bytes for v in regions.regions[path]) > LARGEST_REGION * forward_bytes:
+        if path not in modules or sum(graph[v].bytes for v in regions.regions[path]) > LARGEST_REGION * forward_bytes:
             continue
-        policy = region_policy(option, graph, trace, mappable[path])
-        kind = (type(modules[path]).__qualname__, tuple(trace.region_ops(path)), policy.save)
-        groups.setdefault(kind, []).append(policy)
+        for option in timed_options(regions, path):
+            policy = region_policy(option, graph, trace, mappable[path])
+            kind = (type(modules[path]).__qualname__, tuple(trace.region_ops(path)), option.option, policy.save)
+            groups.setdefault(kind, []).append(policy)
     if not groups:
         return list(found)
     with cache_off_for_training(model, dict(kwargs or {})) as cache_off:
         timing = time_checkpointed_regions(model, args, cache_off.kwargs, list(groups.values()))
-    return with_measured_checkpoints(regions, found, timing.extra_s)
+    return with_measured_options(found, timing.extra_s)

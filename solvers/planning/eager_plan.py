@@ -112,6 +112,10 @@ class RegionCandidate:
     rerun_scale: float = 1.0
     """The region's eager forward time over its ops' priced time: an eager rerun also runs the
     module's Python and records autograd's graph, which the ops, each timed alone, leave out."""
+    measured_s: tuple[tuple[str, float], ...] = ()
+    """(option, seconds) its checkpoint with that saved set added to the region's forward and
+    backward, timed alone on this device (`with_measured_options`): the option's price, in place of
+    the rerun, call and policy terms above."""
     counters_run_plain: bool = False
     """The region's only state updates are its BatchNorms' step counters: a saved set of nothing
     but them runs as plain ``checkpoint`` (the runtime freezes the norms by attribute on the
@@ -334,6 +338,7 @@ class RegionModel:
         self.checkpoint_s = {c.path: c.checkpoint_s for c in candidates if c.path in regions}
         self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
         self.counters_run_plain = {c.path: c.counters_run_plain for c in candidates if c.path in regions}
+        self.measured_s = {c.path: dict(c.measured_s) for c in candidates if c.path in regions}
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -455,6 +460,7 @@ class RegionModel:
             if saved and not (self.counters_run_plain[path] and saved <= self.run_once):
                 # the policy's dispatch mode: the forward, and the ops rerun
                 cost += self.policy_s[path] * (1 + len(recompute) / len(values))
+            cost = self.measured_s[path].get(option, cost)
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
             # Kept values backward does not read are held longer than plain autograd holds them.
             held_longer = sum(g[v].bytes for v in saved
@@ -595,30 +601,23 @@ class RegionModel:
         return simulate(self.graph, self.schedule(choices), link=link)
 
 
-def timed_option(model: RegionModel, path: str) -> RegionOption | None:
-    """The option whose checkpoint is timed to price a region's own overhead (`with_measured_checkpoints`):
-    ``none`` (plain checkpoint, or the least the region must keep), else the one that reruns most."""
-    options = [o for o in model.options.get(path, ()) if o.option in OPTIONS and o.recompute_groups]
-    named = {o.option: o for o in options}
-    if "none" in named:
-        return named["none"]
-    return max(options, key=lambda o: len(o.recompute_groups), default=None)
+def timed_options(model: RegionModel, path: str) -> list[RegionOption]:
+    """The options of a region whose price a measurement can replace (`with_measured_options`):
+    the saved sets run under ``checkpoint`` (`OPTIONS`), not offloads or split chunks."""
+    return [o for o in model.options.get(path, ()) if o.option in OPTIONS]
 
 
-def with_measured_checkpoints(model: RegionModel, candidates: Sequence[RegionCandidate],
-                              measured: Mapping[str, float]) -> list[RegionCandidate]:
-    """``candidates`` whose ``checkpoint_s`` is what their measured checkpoint (``measured``: path ->
-    seconds it added to the region's forward and backward, timed with `timed_option`'s saved set)
-    leaves beyond the option's rerun and policy as priced: the hooks every saved tensor passes, the
-    rerun's fresh allocations, which a nominal per-call figure leaves out. Never below zero, so a
-    region whose measurement came in under its priced rerun keeps the rerun's price."""
+def with_measured_options(candidates: Sequence[RegionCandidate],
+                          measured: Mapping[tuple[str, str], float]) -> list[RegionCandidate]:
+    """``candidates`` carrying what each of their options measured (``measured``: (path, option) ->
+    seconds the region's checkpoint with that saved set added to its forward and backward, timed
+    alone): the planner prices those options so, in place of its model of the rerun, the
+    checkpoint call and the policy's dispatch mode. Never below zero."""
     out = []
     for cand in candidates:
-        option = timed_option(model, cand.path) if cand.path in measured else None
-        if option is not None:
-            priced = option.extra_cost - model.checkpoint_s[cand.path]
-            cand = dataclasses.replace(cand, checkpoint_s=max(measured[cand.path] - priced, 0.0))
-        out.append(cand)
+        timed = tuple(sorted((option, max(seconds, 0.0)) for (path, option), seconds in measured.items()
+                             if path == cand.path))
+        out.append(dataclasses.replace(cand, measured_s=timed) if timed else cand)
     return out
 
 
