@@ -14,6 +14,7 @@ prices all of that in place of the nominal figure.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -42,6 +43,10 @@ TIMING_BUDGET_S = 20.0
 REPEATS = 7
 """Paired rounds (plain, checkpointed) per group of like modules; the median difference is kept."""
 
+MEDIAN_ERROR = 1.2533 * 1.4826
+"""Standard error of a median over a sample's MAD / sqrt(n), for normal noise: sqrt(pi / 2) times
+the MAD's scale to a standard deviation."""
+
 
 @dataclass(frozen=True)
 class CheckpointTiming:
@@ -50,6 +55,9 @@ class CheckpointTiming:
     extra_s: dict[tuple[str, str], float]
     """(module path, option) -> seconds its checkpoint with that option's policy adds to the
     module's forward and backward run alone: the median over `rounds` paired runs of its group."""
+    error_s: dict[tuple[str, str], float]
+    """(path, option) -> standard error of that median (1.2533 x 1.4826 x the samples' median
+    absolute deviation / sqrt(samples)): how far this machine's noise may have moved it."""
     rounds: int
     skipped: tuple[tuple[str, str], ...]
     """(path, option) not timed: no gradient flows through the module, it does not run alone (it
@@ -165,9 +173,17 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
                 diff = pair(group[round_ % len(group)], plain_first=round_ % 2 == 0)
                 if diff is not None:
                     samples.setdefault(index, []).append(diff)
-    extra = {(r.path, r.option): statistics.median(samples[i]) for i in kept if samples.get(i) for r in groups[i]}
+    extra, error = {}, {}
+    for i in kept:
+        if samples.get(i):
+            median = statistics.median(samples[i])
+            spread = statistics.median(abs(x - median) for x in samples[i])
+            for r in groups[i]:
+                extra[r.path, r.option] = median
+                error[r.path, r.option] = MEDIAN_ERROR * spread / math.sqrt(len(samples[i]))
     skipped += [key for key in wanted if key[0] not in inputs]
-    return CheckpointTiming(extra_s=extra, rounds=repeats if kept else 0, skipped=tuple(dict.fromkeys(skipped)))
+    return CheckpointTiming(extra_s=extra, error_s=error, rounds=repeats if kept else 0,
+                            skipped=tuple(dict.fromkeys(skipped)))
 
 
 LARGEST_REGION = 0.5
@@ -201,4 +217,4 @@ def measured_candidates(graph: RematGraph, trace: EagerTrace, model: torch.nn.Mo
         return list(found)
     with cache_off_for_training(model, dict(kwargs or {})) as cache_off:
         timing = time_checkpointed_regions(model, args, cache_off.kwargs, list(groups.values()))
-    return with_measured_options(found, timing.extra_s)
+    return with_measured_options(found, timing.extra_s, timing.error_s)

@@ -112,10 +112,10 @@ class RegionCandidate:
     rerun_scale: float = 1.0
     """The region's eager forward time over its ops' priced time: an eager rerun also runs the
     module's Python and records autograd's graph, which the ops, each timed alone, leave out."""
-    measured_s: tuple[tuple[str, float], ...] = ()
-    """(option, seconds) its checkpoint with that saved set added to the region's forward and
-    backward, timed alone on this device (`with_measured_options`): the option's price, in place of
-    the rerun, call and policy terms above."""
+    measured_s: tuple[tuple[str, float, float], ...] = ()
+    """(option, seconds, standard error): what its checkpoint with that saved set added to the
+    region's forward and backward, timed alone on this device (`with_measured_options`): the
+    option's price, in place of the rerun, call and policy terms above, where it is clearly off them."""
     counters_run_plain: bool = False
     """The region's only state updates are its BatchNorms' step counters: a saved set of nothing
     but them runs as plain ``checkpoint`` (the runtime freezes the norms by attribute on the
@@ -338,7 +338,7 @@ class RegionModel:
         self.checkpoint_s = {c.path: c.checkpoint_s for c in candidates if c.path in regions}
         self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
         self.counters_run_plain = {c.path: c.counters_run_plain for c in candidates if c.path in regions}
-        self.measured_s = {c.path: dict(c.measured_s) for c in candidates if c.path in regions}
+        self.measured_s = {c.path: {o: (t, e) for o, t, e in c.measured_s} for c in candidates if c.path in regions}
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -460,7 +460,10 @@ class RegionModel:
             if saved and not (self.counters_run_plain[path] and saved <= self.run_once):
                 # the policy's dispatch mode: the forward, and the ops rerun
                 cost += self.policy_s[path] * (1 + len(recompute) / len(values))
-            cost = self.measured_s[path].get(option, cost)
+            if option in self.measured_s[path]:
+                seconds, error = self.measured_s[path][option]
+                if abs(seconds - cost) > MEASURED_SIGNIFICANCE * error:
+                    cost = seconds
             flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
             # Kept values backward does not read are held longer than plain autograd holds them.
             held_longer = sum(g[v].bytes for v in saved
@@ -607,18 +610,26 @@ def timed_options(model: RegionModel, path: str) -> list[RegionOption]:
     return [o for o in model.options.get(path, ()) if o.option in OPTIONS]
 
 
-def with_measured_options(candidates: Sequence[RegionCandidate],
-                          measured: Mapping[tuple[str, str], float]) -> list[RegionCandidate]:
+def with_measured_options(candidates: Sequence[RegionCandidate], measured: Mapping[tuple[str, str], float],
+                          error: Mapping[tuple[str, str], float]) -> list[RegionCandidate]:
     """``candidates`` carrying what each of their options measured (``measured``: (path, option) ->
     seconds the region's checkpoint with that saved set added to its forward and backward, timed
-    alone): the planner prices those options so, in place of its model of the rerun, the
-    checkpoint call and the policy's dispatch mode. Never below zero."""
+    alone; ``error``: the standard error of each). The planner prices such an option as measured
+    where the measurement is clearly off its model (`MEASURED_SIGNIFICANCE`), else as modelled.
+    Never below zero."""
     out = []
     for cand in candidates:
-        timed = tuple(sorted((option, max(seconds, 0.0)) for (path, option), seconds in measured.items()
-                             if path == cand.path))
+        timed = tuple(sorted((option, max(seconds, 0.0), error.get((path, option), 0.0))
+                             for (path, option), seconds in measured.items() if path == cand.path))
         out.append(dataclasses.replace(cand, measured_s=timed) if timed else cand)
     return out
+
+
+MEASURED_SIGNIFICANCE = 2.0
+"""A measured option replaces its modelled price only when they differ by more than this many
+standard errors of the measurement: on a noisy machine a large region's measurement (the
+difference of two ~100 ms runs) can be further off than the model of its rerun, while a small
+region's overhead (1-3 ms a resnet block, against a modelled 0.2-0.5 ms) stands far out of it."""
 
 
 # ---------------------------------------------------------------------- the knapsack

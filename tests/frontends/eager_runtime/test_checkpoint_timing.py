@@ -5,8 +5,8 @@ Checked: each module's inputs from one forward are copied (gradients asked for w
 originals asked), a module called twice is left out; timing a checkpointed region leaves the
 model as found (buffers, RNG stream, ``.grad``), gives like modules one median, leaves out what no
 gradient flows through or does not run alone; a measured option's price replaces the modelled
-one (never below zero); `apply_checkpointing` times every saved set and prices with it, in
-measured time only.
+one where they differ by more than two of its standard errors (never below zero);
+`apply_checkpointing` times every saved set and prices with it, in measured time only.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from frontends.eager_runtime.eager_checkpoint import RegionPolicy
 from frontends.eager_runtime.eager_ops import candidates, eager_graph, held_values
 from frontends.eager_runtime.split_capture import capture_split
 from optimizer import apply_checkpointing
-from solvers.planning.eager_plan import RegionModel, timed_options, with_holds, with_measured_options
+from solvers.planning.eager_plan import (
+    MEASURED_SIGNIFICANCE,
+    RegionModel,
+    timed_options,
+    with_holds,
+    with_measured_options,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,6 +110,7 @@ def test_timing_leaves_the_model_as_found_and_gives_like_modules_one_median():
     assert len(values) == 1  # the three blocks are one group: one median
     assert values.pop() > 0  # a checkpointed block reruns its forward in backward: it costs time
     assert timing.extra_s["norm", "none"] > 0
+    assert set(timing.error_s) == set(timing.extra_s) and all(e >= 0 for e in timing.error_s.values())
 
 
 class NeedsParent(nn.Module):
@@ -152,19 +159,23 @@ def _model_and_candidates(cost_model: str = "flops"):
     return with_holds(graph, held_values(graph, trace, found)), found
 
 
-def test_measured_options_replace_the_modelled_price():
+def test_a_measured_option_replaces_the_modelled_price_where_it_is_clearly_off_it():
     graph, found = _model_and_candidates()
     before = RegionModel(graph, found)
-    named = {o.option for o in timed_options(before, "blocks.0")}
-    assert {"none", "matmuls"} <= named
-    measured = {("blocks.0", "none"): 2.0, ("blocks.0", "matmuls"): -1e-6}  # noise: never below zero
-    after = RegionModel(graph, with_measured_options(found, measured))
+    modelled = {o.option: o.extra_cost for o in before.options["blocks.0"]}
+    assert {"none", "matmuls"} <= {o.option for o in timed_options(before, "blocks.0")}
+    measured = {("blocks.0", "none"): modelled["none"] + 2.0,  # off by 2.0, error 0.5: measured
+                ("blocks.0", "matmuls"): -1e-6,  # noise: never below zero, and clearly off
+                ("blocks.1", "none"): modelled["none"] + 0.9}  # within two errors of 0.5: modelled
+    error = {("blocks.0", "none"): 0.5, ("blocks.0", "matmuls"): 0.0, ("blocks.1", "none"): 0.5}
+    after = RegionModel(graph, with_measured_options(found, measured, error))
     for old, new in zip(before.options["blocks.0"], after.options["blocks.0"]):
         assert (old.option, old.saved, old.saving_bytes) == (new.option, new.saved, new.saving_bytes)
-        expected = {"none": 2.0, "matmuls": 0.0}.get(new.option, old.extra_cost)  # the rest: modelled
-        assert new.extra_cost == pytest.approx(expected)
+        expected = {"none": modelled["none"] + 2.0, "matmuls": 0.0}.get(new.option, old.extra_cost)
+        assert new.extra_cost == pytest.approx(expected)  # the rest: as modelled
     for old, new in zip(before.options["blocks.1"], after.options["blocks.1"]):
-        assert new.extra_cost == old.extra_cost  # not measured: as modelled
+        assert new.extra_cost == old.extra_cost
+    assert MEASURED_SIGNIFICANCE == 2.0
 
 
 def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(monkeypatch):
@@ -173,7 +184,8 @@ def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(m
     def one_second_each(model, args, kwargs, groups, **_):
         keys = [(r.path, r.option) for group in groups for r in group]
         timed.extend(keys)
-        return CheckpointTiming(extra_s={key: 1.0 for key in keys}, rounds=1, skipped=())
+        return CheckpointTiming(extra_s={key: 1.0 for key in keys}, error_s={key: 0.0 for key in keys},
+                                rounds=1, skipped=())
 
     monkeypatch.setattr(checkpoint_timing, "time_checkpointed_regions", one_second_each)
     model, args = Net(), inputs()
