@@ -225,8 +225,10 @@ def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, ca
     base_graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, cpu)
     found = candidates(base_graph, trace, model)
     graph = with_holds(base_graph, held_values(base_graph, trace, found))
-    if not splits:  # each checkpoint's own overhead, timed (a split MLP's chunks would run whole)
-        found = measured_candidates(graph, trace, model, inputs, kwargs, found)
+    if not splits:  # each checkpoint option timed alone (a split MLP's chunks would run whole)
+        found, timing = measured_candidates(graph, trace, model, inputs, kwargs, found)
+        if timing is not None:
+            notes = (*notes, timing.describe())
     return _EagerStep(graph, captured, trace, labels, tuple(splits), tuple(notes), tuple(found))
 
 

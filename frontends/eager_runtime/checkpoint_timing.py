@@ -65,6 +65,13 @@ class CheckpointTiming:
     skipped: tuple[tuple[str, str], ...]
     """(path, option) not timed: no gradient flows through the module, it does not run alone (it
     raised), or its group did not fit the budget."""
+    seconds: float = 0.0
+    """Wall time the timing took (recording the inputs included)."""
+
+    def describe(self) -> str:
+        """One line for the plan's message: what was timed, in how long."""
+        left = f", {len(self.skipped)} left out" if self.skipped else ""
+        return f"{len(self.extra_s)} checkpoint options timed alone in {self.seconds:.1f} s{left}"
 
 
 def record_module_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -121,6 +128,7 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
     ``groups``: like modules with the same saved set (a model's repeated layers), timed in turn,
     one median per group; the smallest regions first within ``budget_s``. The model is left as
     found (buffers, RNG, Python state), and no ``.grad`` moves."""
+    started = time.perf_counter()
     modules = dict(model.named_modules())
     wanted = [(r.path, r.option) for group in groups for r in group]
     inputs = record_module_inputs(model, args, kwargs, list(dict.fromkeys(p for p, _ in wanted)))
@@ -191,7 +199,7 @@ def time_checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict 
                 error[r.path, r.option] = MEDIAN_ERROR * spread / math.sqrt(len(samples[i]))
     skipped += [key for key in wanted if key[0] not in inputs]
     return CheckpointTiming(extra_s=extra, error_s=error, rounds=repeats if kept else 0,
-                            skipped=tuple(dict.fromkeys(skipped)))
+                            skipped=tuple(dict.fromkeys(skipped)), seconds=time.perf_counter() - started)
 
 
 LARGEST_REGION = 0.5
@@ -202,13 +210,13 @@ their options keep the modelled price."""
 
 def measured_candidates(graph: RematGraph, trace: EagerTrace, model: torch.nn.Module, args: tuple,
                         kwargs: dict | None, found: Sequence[RegionCandidate],
-                        chunked: Sequence[str] = ()) -> list[RegionCandidate]:
+                        chunked: Sequence[str] = ()) -> tuple[list[RegionCandidate], CheckpointTiming | None]:
     """``found`` with each region's checkpoint options priced as measured (`time_checkpointed_regions`,
-    `solvers.planning.eager_plan.with_measured_options`): every saved-set option of every region,
-    like modules (same class, same eager ops, same saved set) as one group. Only where the graph
-    prices measured time."""
+    `solvers.planning.eager_plan.with_measured_options`), and the timing (None: nothing timed):
+    every saved-set option of every region, like modules (same class, same eager ops, same saved
+    set) as one group. Only where the graph prices measured time."""
     if not prices_measured_time(graph):
-        return list(found)
+        return list(found), None
     regions = RegionModel(graph, found, chunked)
     forward_bytes = sum(graph[v].bytes for v in regions.forward)
     mappable = {c.path: c.mappable for c in found}
@@ -222,7 +230,7 @@ def measured_candidates(graph: RematGraph, trace: EagerTrace, model: torch.nn.Mo
             kind = (type(modules[path]).__qualname__, tuple(trace.region_ops(path)), option.option, policy.save)
             groups.setdefault(kind, []).append(policy)
     if not groups:
-        return list(found)
+        return list(found), None
     with cache_off_for_training(model, dict(kwargs or {})) as cache_off:
         timing = time_checkpointed_regions(model, args, cache_off.kwargs, list(groups.values()))
-    return with_measured_options(found, timing.extra_s, timing.error_s)
+    return with_measured_options(found, timing.extra_s, timing.error_s), timing

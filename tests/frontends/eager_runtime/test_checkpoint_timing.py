@@ -103,7 +103,9 @@ def test_timing_leaves_the_model_as_found_and_gives_like_modules_one_median():
     for n, p in model.named_parameters():
         assert p.grad is grads[n] and bool((p.grad == 7.0).all()), n  # autograd.grad: no .grad moved
     assert "forward" not in model.blocks[0].__dict__  # no wrapper is left on a module
-    assert timing.rounds == checkpoint_timing.REPEATS
+    assert timing.rounds == checkpoint_timing.REPEATS and timing.seconds > 0
+    assert timing.describe().startswith(f"{len(timing.extra_s)} checkpoint options timed alone in ")
+    assert timing.describe().endswith(", 2 left out")
     # nothing flows through one; the other runs twice
     assert set(timing.skipped) == {("gate", "none"), ("shared", "none")}
     values = {timing.extra_s[f"blocks.{i}", "none"] for i in range(3)}
@@ -195,6 +197,7 @@ def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(m
     assert plan.regions and all((r.path, r.option) in timed for r in plan.regions)
     # every region's checkpoint was measured at a second: that is the plan's extra time
     assert plan.plan.extra_time_s == pytest.approx(len(plan.regions))
+    assert f"{len(timed)} checkpoint options timed alone in 0.0 s" in plan.plan.message
     assert dict(plan.summary)["per_block_extra_time_s"] == pytest.approx(3.0)  # three blocks, "none" each
     checkpointing.remove_checkpointing(model)
 
