@@ -27,6 +27,7 @@ Pure Python over the IR: no torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -689,6 +690,21 @@ def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
     return total, not thinned[0]
 
 
+def front_of_peak_lowering(model: RegionModel, store_all_peak: int) -> list[Point]:
+    """`pareto_front` without the options that, chosen alone, leave the step's peak where
+    store-all has it. The front keeps selections by boundary saving and cost alone, and the peak
+    is not monotone in either: a container checkpointed whole (all of a network's blocks as one
+    ``nn.Sequential``) recomputes everything at once, so it lowers no peak, yet with measured
+    prices (one checkpoint call instead of six) it can dominate every selection of its blocks
+    (examples/resnet.py at 80%: nothing on the whole front fit, while the stem, two blocks and a
+    projection do). Tried only when the whole front has nothing that fits: an option that
+    lowers no peak alone may still help beside others."""
+    lowering = copy.copy(model)
+    lowering.options = {p: [o for o in options if model.evaluate((o,)).peak_bytes < store_all_peak]
+                        for p, options in model.options.items()}
+    return pareto_front(lowering)[0]
+
+
 def _overlaps(option: RegionOption, choices: Sequence[RegionOption]) -> bool:
     return any(within(option.path, c.path) or within(c.path, option.path) for c in choices)
 
@@ -860,6 +876,16 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     for point in sorted(uniform_selections(model), key=lambda p: p[1]):
         if (best is not None and point[1] >= best[1][1]) or fits(point):
             break
+    if best is None:  # the front without options that lower no peak: they can hide the ones that do
+        deadline = min(start + time_limit_s, time.perf_counter() + LOCAL_SEARCH_S)
+        for point in sorted(front_of_peak_lowering(model, store_all.peak_bytes), key=lambda p: p[1]):
+            if point[0] < need:
+                continue
+            if fits(point):
+                break
+            over.append(point)
+            if time.perf_counter() > deadline:
+                break
     if best is not None and bound is not None and best[1][1] > bound + 1e-15:
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
         best, more = _local_search(model, best, over, need, budget_bytes, deadline)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from e2e_helpers import load_example
 from torch import nn
 
 import optimizer.checkpointing as checkpointing
@@ -23,12 +24,15 @@ from frontends.eager_runtime.checkpoint_timing import (
     time_checkpointed_regions,
 )
 from frontends.eager_runtime.eager_checkpoint import RegionPolicy
-from frontends.eager_runtime.eager_ops import candidates, eager_graph, held_values
+from frontends.eager_runtime.eager_ops import candidates, capture_for_eager, eager_graph, held_values, trace_eager
 from frontends.eager_runtime.split_capture import capture_split
 from optimizer import apply_checkpointing
+from solvers.baselines import store_all_schedule
+from solvers.ir.simulator import simulate
 from solvers.planning.eager_plan import (
     MEASURED_SIGNIFICANCE,
     RegionModel,
+    solve_eager,
     timed_options,
     with_holds,
     with_measured_options,
@@ -204,3 +208,24 @@ def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(m
     timed.clear()
     apply_checkpointing(model, args, budget="80%", cost_model="flops", time_limit=10)
     assert timed == []  # in FLOPs nothing is timed
+
+
+def test_a_container_that_lowers_no_peak_cannot_hide_the_selections_that_do():
+    """examples/resnet.py at 80%: measured, checkpointing all blocks as one ``nn.Sequential`` can
+    cost less than checkpointing two of them (one call instead of two), and it saves more at the
+    boundary, so it dominates their selections on the front; but it recomputes everything at
+    once and lowers no peak. The planner then searches the front without such options."""
+    model, args = load_example("resnet")
+    captured = capture_for_eager(model, args, None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    trace = trace_eager(model, args)
+    found = candidates(graph, trace, model)
+    graph = with_holds(graph, held_values(graph, trace, found))
+    free = {("blocks", "none"): 0.0, ("blocks", "matmuls"): 0.0}  # as cheap as can be
+    priced = with_measured_options(found, free, dict.fromkeys(free, 0.0))
+    regions = RegionModel(graph, priced)
+    store_all = simulate(graph, store_all_schedule(graph)).peak_bytes
+    assert all(regions.evaluate((o,)).peak_bytes == store_all for o in regions.options["blocks"])
+    solution = solve_eager(graph, priced, "80%", time_limit_s=20)
+    assert solution.simulation.peak_bytes <= 0.8 * store_all
+    assert not any(c.path == "blocks" for c in solution.choices)
