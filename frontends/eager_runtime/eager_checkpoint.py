@@ -376,11 +376,11 @@ class CheckpointedForward(InstanceForward):
         self._freeze = recomputes_batch_norm(region.save, region.expected_ops)
         self._warned = False
         self._splits: bool | None = None
+        """Whether a split MLP runs inside (found at the first call: a module being deep-copied
+        has no submodules yet)."""
         self._counters_only: bool | None = None
         """Whether the policy keeps only BatchNorm step counters (`keeps_only_batch_norm_counters`),
         found at the first call."""
-        """Whether a split MLP runs inside (found at the first call: a module being deep-copied
-        has no submodules yet)."""
 
     def _inner(self) -> Any:
         if self._splits is None:

@@ -354,11 +354,10 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
         if any(is_in_place(op) and op not in state_updates for op in eager):
             mappable -= {m for first, (op, _) in keys.items() if op in state_updates
                          for m in graph.group_of(first)}
-        calls = Counter(region_ops.get(path, ()))
-        counters = tuple((op, tuple(range(n))) for op, n in sorted(calls.items()) if is_in_place(op))
+        counters = tuple((op, tuple(range(n))) for op, n in sorted(eager.items()) if is_in_place(op))
         found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op,
                                      checkpoint_s=per_call, counters_run_plain=keeps_only_batch_norm_counters(
-                                         module, counters, tuple(sorted(calls.items())))))
+                                         module, counters, tuple(sorted(eager.items())))))
         ops_s = sum(graph[first].cost for first in keys)
         if measured and path in trace.forward_s and ops_s > 0:
             kind = (type(module).__qualname__, tuple(region_ops.get(path, ())), f"{ops_s:.6g}")

@@ -865,27 +865,25 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
             best = (sim, point)
         return best is not None and best[1] is point
 
-    for point in sorted(front, key=lambda p: p[1]):
-        if point[0] < need:
-            continue
-        if fits(point):
-            break
-        over.append(point)
-        if time.perf_counter() - start > time_limit_s:
-            break
+    def first_fit(points: list[Point], deadline: float) -> None:
+        """Simulate the points that save enough, cheapest first, until one fits or ``deadline``;
+        those that peak over the budget go to ``over`` for the local search."""
+        for point in sorted(points, key=lambda p: p[1]):
+            if point[0] < need:
+                continue
+            if fits(point):
+                return
+            over.append(point)
+            if time.perf_counter() > deadline:
+                return
+
+    first_fit(front, start + time_limit_s)
     for point in sorted(uniform_selections(model), key=lambda p: p[1]):
         if (best is not None and point[1] >= best[1][1]) or fits(point):
             break
     if best is None:  # the front without options that lower no peak: they can hide the ones that do
-        deadline = min(start + time_limit_s, time.perf_counter() + LOCAL_SEARCH_S)
-        for point in sorted(front_of_peak_lowering(model, store_all.peak_bytes), key=lambda p: p[1]):
-            if point[0] < need:
-                continue
-            if fits(point):
-                break
-            over.append(point)
-            if time.perf_counter() > deadline:
-                break
+        first_fit(front_of_peak_lowering(model, store_all.peak_bytes),
+                  min(start + time_limit_s, time.perf_counter() + LOCAL_SEARCH_S))
     if best is not None and bound is not None and best[1][1] > bound + 1e-15:
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
         best, more = _local_search(model, best, over, need, budget_bytes, deadline)
