@@ -33,7 +33,7 @@ with warnings.catch_warnings(record=True) as caught:
     out = {"highs_available": highs_available()}
     for name in ("milp", "cpsat", "auto"):
         try:
-            result = get_solver(name)(graph, budget, SolverOptions(time_limit_s=10))
+            result = get_solver(name)(graph, budget, SolverOptions(time_limit_s=120))
             out[name] = [result.status.value, simulate(graph, result.schedule).peak_bytes <= budget,
                          result.message]
         except SolverUnavailableError as error:
@@ -41,7 +41,7 @@ with warnings.catch_warnings(record=True) as caught:
     lp = LinearProgram()
     x = lp.add_var(1.0, 0.0, 10.0)
     lp.add_row({x: 1.0}, lower=2.0)
-    solution = lp.solve(time_limit_s=5)
+    solution = lp.solve(time_limit_s=60)
     out["lp"] = [solution.status.value, solution.objective]
 out["warnings"] = [str(w.message) for w in caught if "remat-opt" in str(w.message)]
 print(json.dumps(out))
