@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,14 @@ that backward reads; every matmul-like output, read by backward or not (what a h
 "save matmuls" SAC policy keeps: attention's score ``bmm`` is read only to recompute the softmax
 after it, so keeping it turns that recomputation from a matmul into a pointwise op, for its
 bytes); every value the runtime can keep."""
+
+BEST_PER_BYTE = "best-per-byte-"
+"""Prefix of the options that keep the k ops sparing the most rerun time per byte
+(`RegionModel._rerun_time_per_byte_chain`): ``best-per-byte-3`` keeps the three best, whatever
+their kind (attention's output first on a transformer layer: the most time per byte of all)."""
+
+MAX_CHAIN = 24
+"""Longest such chain per region: beyond it each op spares little and the front only grows."""
 
 MATMUL_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
               "aten._scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
@@ -142,6 +151,9 @@ class RegionOption:
     offloaded: tuple[str, ...] = ()
     """`OFFLOAD`: values that leave the device whatever else is chosen (only the region's backward
     reads them); a value several offloaded regions read leaves it too (`RegionModel._with_copies`)."""
+    runs_policy: bool = False
+    """The region runs under a selective-checkpoint policy (it keeps something beyond BatchNorm
+    step counters), not plain ``checkpoint``."""
     packed: tuple[str, ...] = ()
     """`OFFLOAD`: every value the region's saved-tensor hooks copy to host (``offloaded`` and those
     something outside the region keeps on the device); the first backward read of one starts the
@@ -292,6 +304,43 @@ def with_autograd_node_holds(graph: RematGraph, autograd_node: Mapping[str, obje
                       graph.backward_outputs, graph.cost_model, graph.name)
 
 
+def _held_by_checkpoints(schedule: Schedule, held_until: Mapping[str, tuple[str, bool]]) -> Schedule:
+    """``schedule`` with each value a chosen region's checkpoint holds live until ``held_until[v]``
+    = (backward op, whether after it): what the region's policy keeps (MUST_SAVE) until the
+    recomputation takes it back (before the op that recomputation runs for), the region's inputs
+    until the checkpoint's frame dies (after the region's last backward op that reads a tensor
+    it saved). Eager holds them whether or not the recomputation or backward reads them (an input
+    whose consumer's output is kept is not read again), so a free before that point moves there;
+    a later free stays (freeing later is always valid)."""
+    if not held_until:
+        return schedule
+    steps = list(schedule.steps)
+    n_forward = len(schedule.forward)
+    at = {s.node: i for i, s in enumerate(steps) if s.kind is StepKind.COMPUTE and i >= n_forward}
+    moved: dict[int, list[Step]] = {}  # free steps to emit before step index
+    drop: set[int] = set()
+    for i, step in enumerate(steps):
+        if step.kind is not StepKind.FREE or step.node not in held_until:
+            continue
+        node, after = held_until[step.node]
+        if node not in at:
+            continue
+        target = at[node] + (1 if after else 0)
+        if i < target:
+            drop.add(i)
+            moved.setdefault(target, []).append(step)
+    if not drop:
+        return schedule
+    out: list[Step] = []
+    for i, step in enumerate(steps):
+        out.extend(moved.get(i, ()))
+        if i not in drop:
+            out.append(step)
+    out.extend(moved.get(len(steps), ()))
+    forward_len = n_forward - sum(i < n_forward for i in drop)
+    return Schedule(tuple(out[:forward_len]), tuple(out[forward_len:]))
+
+
 def is_hold(name: str) -> bool:
     return name.startswith((HOLD, REHOLD, NODE_HOLD))
 
@@ -358,6 +407,18 @@ class RegionModel:
         self.chunk_groups = {g: tuple(opts) for g, opts in groups.items()}
         """`chunk_group` of each split MLP -> its chunks' options: chosen all together or not at all."""
         self.options = {path: self._options(path) for path in regions if path not in chunked}
+        choosable = {v for path, options in self.options.items() if options for v in regions[path]}
+        choosable.update(v for path in chunked for v in regions[path])
+        head: list[str] = []
+        for node in g.ops:
+            if node.phase is Phase.BACKWARD:
+                if choosable.intersection(node.inputs):
+                    break
+                head.append(node.name)
+        self.backward_head = frozenset(head)
+        """Backward ops that run before any region that has an option reads one of its values, so
+        before any recomputation: there every selection holds store-all's live bytes less its
+        saving."""
 
     def complete(self, choices: Iterable[RegionOption]) -> tuple[RegionOption, ...]:
         """``choices`` with every chunk of an MLP one of whose chunks is chosen, without those a
@@ -416,6 +477,23 @@ class RegionModel:
         rerun_read = self.rerun_readers(path)
         result: list[RegionOption] = []
         seen: set[tuple[str, ...]] = set()
+
+        measured = self.measured_s[path]
+        offsets: list[float] = []  # measured - modelled, where a measurement replaced the model
+
+        def add(option: str, saved: set[str], offset: float = 0.0) -> None:
+            made = self._option(path, option, saved, inside_read, outside_read, seen)
+            if made is None:
+                return
+            seconds, error = measured.get(option, (made.extra_cost, 0.0))
+            if abs(seconds - made.extra_cost) > MEASURED_SIGNIFICANCE * error:
+                if made.runs_policy:
+                    offsets.append(seconds - made.extra_cost)
+                made = dataclasses.replace(made, extra_cost=seconds)
+            elif offset:
+                made = dataclasses.replace(made, extra_cost=max(made.extra_cost + offset, 0.0))
+            result.append(made)
+
         for option in OPTIONS:
             saved: set[str] = self.run_once & set(values)
             for v in values:
@@ -432,51 +510,95 @@ class RegionModel:
             saved &= set(values)
             if not all(m in mappable for v in saved for m in g.group_of(v)):
                 saved = {v for v in saved if all(m in mappable for m in g.group_of(v))}
-            kept = saved | outside_read | (self.pinned & set(values))
-            # An op whose outputs are split (one kept, one dropped) would run again next to its
-            # kept output: the policy keeps the whole op when it can, else the option is left out
-            # (the IR cannot hold two copies of a value; eager would).
-            split = {g.group_of(v)[0] for v in values if v not in kept and self.backward_readers[v]
-                     and any(m in kept for m in g.group_of(v))}
-            if any(not all(m in mappable for m in g.group_of(v)) for v in split):
-                continue
-            for v in split:
-                saved.update(g.group_of(v))
-            kept |= saved
-            dropped = tuple(v for v in values if v not in kept and self.backward_readers[v])
-            key = tuple(sorted(saved))
-            if key in seen:
-                continue
-            seen.add(key)
-            last = max((self.order[v] for v in inside_read), default=-1)
-            recompute: list[str] = []
-            for v in values:
-                if self.order[v] > last or v in saved:
-                    continue
-                if g.group_of(v)[0] == v:
-                    recompute.append(v)
-            cost = 0.0
-            if dropped or saved:  # an eager rerun of its ops, and the checkpoint around them
-                cost = self.rerun_scale[path] * sum(g[v].cost for v in recompute) + self.checkpoint_s[path]
-            if saved and not (self.counters_run_plain[path] and saved <= self.run_once):
-                # the policy's dispatch mode: the forward, and the ops rerun
-                cost += self.policy_s[path] * (1 + len(recompute) / len(values))
-            if option in self.measured_s[path]:
-                seconds, error = self.measured_s[path][option]
-                if abs(seconds - cost) > MEASURED_SIGNIFICANCE * error:
-                    cost = seconds
-            flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
-            # Kept values backward does not read are held longer than plain autograd holds them.
-            held_longer = sum(g[v].bytes for v in saved
-                              if not self.backward_readers[v] and v not in self.pinned)
-            result.append(RegionOption(
-                path=path, option=option, saved=tuple(sorted(saved, key=g.position)),
-                dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
-                saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
-                extra_cost=cost, extra_flops=flops))
+            add(option, saved)
+        base = (self.run_once & set(values)) | {v for v in values if v in outside_read and v in inside_read
+                                                and all(m in mappable for m in g.group_of(v))}
+        # Not timed: priced as modelled, plus what the timed policy options measured beyond their
+        # model (the checkpoint's and the policy's own overhead, which the model misses on
+        # small regions: 1-3 ms on a resnet block modelled at 0.2-0.5 ms).
+        offset = statistics.median(offsets) if offsets else 0.0
+        for k, saved in enumerate(self._rerun_time_per_byte_chain(path, base, inside_read, outside_read), 1):
+            add(f"{BEST_PER_BYTE}{k}", saved, offset)
         if self.link is not None:
             result.extend(self._offload_options(path))
         return [o for o in result if o.saving_bytes > 0]
+
+    def _rerun_time_per_byte_chain(self, path: str, base: set[str], inside_read: set[str],
+                                   outside_read: set[str]) -> list[set[str]]:
+        """Saved sets growing one op at a time, the op whose kept outputs spare the most rerun
+        time per byte first (`BEST_PER_BYTE`). On a region's rerun both sides are additive over
+        ops: keeping op o spares its rerun (its priced time, scaled as the rerun is) and holds
+        its outputs not already held, so the chain is the greedy order of a knapsack over the
+        region's ops, each prefix one option. Ops past the last value the region's backward
+        reads are not rerun and ops the policy cannot name are left out."""
+        g = self.graph
+        values = self.regions[path]
+        mappable = self.mappable[path]
+        last = max((self.order[v] for v in inside_read), default=-1)
+        held = base | outside_read | (self.pinned & set(values))
+        ranked = []
+        for v in values:
+            group = g.group_of(v)
+            if group[0] != v or self.order[v] > last or v in base or g[v].cost <= 0:
+                continue
+            if not all(m in mappable and m in values for m in group):
+                continue
+            added = sum(g[m].bytes for m in group if m not in held)
+            ranked.append((-g[v].cost / max(added, 1), self.order[v], group))
+        ranked.sort()
+        chain, saved = [], set(base)
+        for _, _, group in ranked[:MAX_CHAIN]:
+            saved = saved | set(group)
+            chain.append(saved)
+        return chain
+
+    def _option(self, path: str, option: str, saved: set[str], inside_read: set[str],
+                outside_read: set[str], seen: set[tuple[str, ...]]) -> RegionOption | None:
+        """The region executed with ``saved`` kept by its policy, costed; None when an op's
+        outputs would be split and the policy cannot keep the whole op, or ``seen`` has the set."""
+        g = self.graph
+        values = self.regions[path]
+        mappable = self.mappable[path]
+        kept = saved | outside_read | (self.pinned & set(values))
+        # An op whose outputs are split (one kept, one dropped) would run again next to its
+        # kept output: the policy keeps the whole op when it can, else the option is left out
+        # (the IR cannot hold two copies of a value; eager would).
+        split = {g.group_of(v)[0] for v in values if v not in kept and self.backward_readers[v]
+                 and any(m in kept for m in g.group_of(v))}
+        if any(not all(m in mappable for m in g.group_of(v)) for v in split):
+            return None
+        saved = set(saved)
+        for v in split:
+            saved.update(g.group_of(v))
+        kept |= saved
+        dropped = tuple(v for v in values if v not in kept and self.backward_readers[v])
+        key = tuple(sorted(saved))
+        if key in seen:
+            return None
+        seen.add(key)
+        last = max((self.order[v] for v in inside_read), default=-1)
+        recompute: list[str] = []
+        for v in values:
+            if self.order[v] > last or v in saved:
+                continue
+            if g.group_of(v)[0] == v:
+                recompute.append(v)
+        cost = 0.0
+        if dropped or saved:  # an eager rerun of its ops, and the checkpoint around them
+            cost = self.rerun_scale[path] * sum(g[v].cost for v in recompute) + self.checkpoint_s[path]
+        runs_policy = bool(saved) and not (self.counters_run_plain[path] and saved <= self.run_once)
+        if runs_policy:  # the policy's dispatch mode: the forward, and the ops rerun
+            cost += self.policy_s[path] * (1 + len(recompute) / len(values))
+        flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
+        # Kept values backward does not read are held longer than plain autograd holds them, and
+        # so are the region's inputs (its checkpoint holds them until the recomputation).
+        held_longer = sum(g[v].bytes for v in (*saved, *self.region_inputs(path))
+                          if not self.backward_readers[v] and v not in self.pinned)
+        return RegionOption(
+            path=path, option=option, saved=tuple(sorted(saved, key=g.position)),
+            dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
+            saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
+            extra_cost=cost, extra_flops=flops, runs_policy=runs_policy)
 
     def _offload_options(self, path: str) -> list[RegionOption]:
         """The region under saved-tensor hooks that send what its autograd nodes save to host.
@@ -508,6 +630,14 @@ class RegionModel:
             offloaded=offloaded, packed=packed) for option in OFFLOADS]
 
     # ------------------------------------------------------------------ schedule
+    def _frame_end(self, path: str) -> str | None:
+        """The region's last backward op that reads a value the region's forward saved: once it
+        has run, every tensor the checkpoint packed is released, and with them its frame."""
+        g = self.graph
+        readers = [r.name for v in (*self.regions[path], *self.region_inputs(path))
+                   for r in self.backward_readers.get(v, ()) if within(r.module, path)]
+        return max(readers, key=g.position, default=None)
+
     def region_inputs(self, path: str) -> set[str]:
         """Forward op values from outside the region that its ops read: the checkpoint holds
         them (its arguments) until the region's backward has recomputed."""
@@ -550,6 +680,17 @@ class RegionModel:
             backward.extend(members)
         forward = [v for v in self.forward if v not in chosen_reholds]
         schedule = Schedule.from_computes(g, forward, backward)
+        # A checkpoint holds what its policy keeps until its recomputation takes it back, and its
+        # inputs until the last of its saved tensors is released (its frame dies), whether or not
+        # the recomputation or backward reads them.
+        held_until: dict[str, tuple[str, bool]] = {}
+        for i, chosen in triggers.items():
+            for c in chosen:
+                held_until.update((v, (backward_groups[i][0], False)) for v in c.saved)
+                frame_end = self._frame_end(c.path)
+                if frame_end is not None:
+                    held_until.update((v, (frame_end, True)) for v in self.region_inputs(c.path))
+        schedule = _held_by_checkpoints(schedule, held_until)
         offloads = [c for c in choices if c.option in OFFLOADS]
         return self._with_copies(schedule, offloads, held) if offloads else schedule
 
@@ -837,8 +978,6 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     # starts, tangents included: a selection saving less than ``need`` cannot fit, so the
     # cheapest one saving enough is a lower bound (exact while the front was not thinned).
     need = store_all.boundary_bytes + tangents - budget_bytes
-    bound_candidates = [p[1] for p in front if p[0] >= need]
-    bound = min(bound_candidates) if bound_candidates and exact and link is None else None
     tried = 0
     best: tuple[SimulationResult, Point] | None = None
     leanest: tuple[int, Point, SimulationResult] | None = None
@@ -857,10 +996,17 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
         return True
 
     def fits(point: Point) -> bool:
-        """Simulate ``point``; keep it as the incumbent when it fits."""
-        nonlocal tried, best
+        """Simulate ``point``; keep it as the incumbent when it fits, else learn from where it
+        peaked: at the head of backward (`RegionModel.backward_head`: the loss's gradient, say),
+        before any region's backward, every selection holds store-all's live bytes less its
+        saving, with the same temporaries, so ``point`` shows the saving all selections need
+        there (the boundary alone does not count the head's temporaries)."""
+        nonlocal tried, best, need
         sim = model.evaluate(point[2])
         tried += 1
+        if sim.peak_bytes > budget_bytes and link is None and (
+                sim.peak_step == -1 or (sim.peak_phase is Phase.BACKWARD and sim.peak_node in model.backward_head)):
+            need = max(need, point[0] + sim.peak_bytes - budget_bytes)
         if lean(point, sim) and sim.peak_bytes <= budget_bytes:
             best = (sim, point)
         return best is not None and best[1] is point
@@ -884,7 +1030,9 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     if best is None:  # the front without options that lower no peak: they can hide the ones that do
         first_fit(front_of_peak_lowering(model, store_all.peak_bytes),
                   min(start + time_limit_s, time.perf_counter() + LOCAL_SEARCH_S))
-    if best is not None and bound is not None and best[1][1] > bound + 1e-15:
+    bound_candidates = [p[1] for p in front if p[0] >= need]  # ``need`` as learned by now
+    bound = min(bound_candidates) if bound_candidates and exact and link is None else None
+    if best is not None and (bound is None or best[1][1] > bound + 1e-15):  # not proven optimal
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
         best, more = _local_search(model, best, over, need, budget_bytes, deadline)
         tried += more
