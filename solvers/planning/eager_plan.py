@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -853,8 +854,10 @@ def _overlaps(option: RegionOption, choices: Sequence[RegionOption]) -> bool:
 def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over: list[Point],
                   need: int, budget_bytes: int, deadline: float) -> tuple[tuple[SimulationResult, Point], int]:
     """Cheaper fitting selections near the incumbent: drop or downgrade one of its regions, or add
-    one region to a cheaper selection that peaked over the budget while recomputing. Candidates
-    are simulated cheapest first; stops at ``deadline`` or when nothing cheaper fits."""
+    one region to a cheaper selection that peaked over the budget while recomputing; where none
+    fits, change the options of two of its regions at once (one keeps more, the other less: the
+    memory one frees at a peak pays for what the other keeps). Candidates are simulated cheapest
+    first; stops at ``deadline`` or when nothing cheaper fits."""
     every = [o for options in model.options.values() for o in options]
     tried = 0
     while time.perf_counter() < deadline:
@@ -889,15 +892,32 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
                 if not _overlaps(option, chosen):
                     add((*point[2], option))
         found = None
-        for point in sorted(moves.values(), key=lambda p: p[1]):
-            if time.perf_counter() >= deadline:
-                break
-            candidate = model.evaluate(point[2])
-            tried += 1
-            if candidate.peak_bytes <= budget_bytes:
-                found = (candidate, point)
-                break
-            over.append(point)
+
+        def first_fitting() -> tuple[SimulationResult, Point] | None:
+            nonlocal tried
+            for point in sorted(moves.values(), key=lambda p: p[1]):
+                if time.perf_counter() >= deadline:
+                    return None
+                candidate = model.evaluate(point[2])
+                tried += 1
+                if candidate.peak_bytes <= budget_bytes:
+                    return candidate, point
+                over.append(point)
+            return None
+
+        found = first_fitting()
+        if found is None:
+            moves.clear()
+            for i, j in itertools.combinations(range(len(choices)), 2):
+                a, b = choices[i], choices[j]
+                if CHUNKED in (a.option, b.option):
+                    continue
+                rest = tuple(c for k, c in enumerate(choices) if k not in (i, j))
+                for x in model.options.get(a.path, ()):
+                    for y in model.options.get(b.path, ()):
+                        if x is not a and y is not b:
+                            add((*rest, x, y))
+            found = first_fitting()
         if found is None:
             break
         best = found

@@ -11,6 +11,7 @@ selection holds store-all's bytes less its saving, which the planner learns its 
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -27,6 +28,8 @@ from solvers.planning.eager_plan import (
     BEST_PER_BYTE,
     OPTIONS,
     RegionModel,
+    RegionOption,
+    _local_search,
     fixed_choice_solution,
     with_holds,
     with_measured_options,
@@ -181,3 +184,34 @@ def test_before_any_regions_backward_a_selection_holds_store_all_less_its_saving
         at_head = live_at_head(schedule, simulate(g, schedule).live_curve)
         saving = sum(o.saving_bytes for o in selection)
         assert at_head == {n: b - saving for n, b in base.items()}, [(o.path, o.option) for o in selection]
+
+
+def test_the_local_search_changes_two_regions_at_once_where_no_single_change_fits():
+    """One region keeps more while another keeps less: no single change of the incumbent is both
+    cheaper and within the budget, the pair is (the memory one frees pays for what the other
+    keeps). A stand-in model fits any selection that saves 200 bytes."""
+
+    def option(path: str, name: str, saving: int, cost: float) -> RegionOption:
+        return RegionOption(path=path, option=name, saved=(), dropped=(), recompute_groups=(),
+                            saving_bytes=saving, extra_cost=cost, extra_flops=0.0)
+
+    a0, a1 = option("a", "none", 100, 10.0), option("a", f"{BEST_PER_BYTE}1", 50, 5.0)
+    b0, b2 = option("b", "none", 100, 10.0), option("b", "lean", 150, 12.0)
+
+    class Fits:
+        def __init__(self, selection):
+            self.peak_bytes = 1000 - sum(o.saving_bytes for o in selection)
+
+    class StandIn:
+        options = {"a": [a0, a1], "b": [b0, b2]}
+        chunk_groups: dict = {}
+
+        def complete(self, selection):
+            return tuple(selection)
+
+        def evaluate(self, selection):
+            return Fits(selection)
+
+    incumbent = (Fits((a0, b0)), (200, 20.0, (a0, b0)))
+    (sim, (saving, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10)
+    assert set(chosen) == {a1, b2} and cost == 17.0 and sim.peak_bytes <= 800
