@@ -488,8 +488,7 @@ class RegionModel:
                 return
             seconds, error = measured.get(option, (made.extra_cost, 0.0))
             if abs(seconds - made.extra_cost) > MEASURED_SIGNIFICANCE * error:
-                if made.runs_policy:
-                    offsets.append(seconds - made.extra_cost)
+                offsets.append(seconds - made.extra_cost)
                 made = dataclasses.replace(made, extra_cost=seconds)
             elif offset:
                 made = dataclasses.replace(made, extra_cost=max(made.extra_cost + offset, 0.0))
@@ -514,9 +513,11 @@ class RegionModel:
             add(option, saved)
         base = (self.run_once & set(values)) | {v for v in values if v in outside_read and v in inside_read
                                                 and all(m in mappable for m in g.group_of(v))}
-        # Not timed: priced as modelled, plus what the timed policy options measured beyond their
-        # model (the checkpoint's and the policy's own overhead, which the model misses on
-        # small regions: 1-3 ms on a resnet block modelled at 0.2-0.5 ms).
+        # Not timed: priced as modelled, plus what the region's timed options measured beyond
+        # their model (the checkpoint's and the policy's own overhead, which the model misses on
+        # small regions: 1-3 ms on a resnet block modelled at 0.2-0.5 ms; a whole layer's rerun
+        # measured above its model). With the region's `none` measured and the chain modelled
+        # alone, keeping two tiny values would look cheaper than keeping nothing.
         offset = statistics.median(offsets) if offsets else 0.0
         for k, saved in enumerate(self._rerun_time_per_byte_chain(path, base, inside_read, outside_read), 1):
             add(f"{BEST_PER_BYTE}{k}", saved, offset)

@@ -123,7 +123,7 @@ def test_untimed_chain_options_carry_what_the_timed_ones_measured_beyond_their_m
     mode): where the timed policy options measured that, the chain's prices move with them."""
     _, _, graph, found = gated
     plain = RegionModel(graph, found)
-    timed = {o.option: o for o in plain.options["blocks.1"] if o.option in OPTIONS and o.runs_policy}
+    timed = {o.option: o for o in plain.options["blocks.1"] if o.option in OPTIONS}
     assert timed
     extra = 1e-3
     measured = {("blocks.1", name): o.extra_cost + extra for name, o in timed.items()}
