@@ -803,9 +803,10 @@ def _merge(a: list[Point], b: list[Point], thinned: list[bool]) -> list[Point]:
     return _thin([(x[0] + y[0], x[1] + y[1], x[2] + y[2]) for x in a for y in b], thinned)
 
 
-def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
+def pareto_front(model: RegionModel, inside: dict[str, list[Point]] | None = None) -> tuple[list[Point], bool]:
     """Non-overlapping selections of (region, option), Pareto-optimal in (saving, cost), and
-    whether the front is exact (no thinning was needed)."""
+    whether the front is exact (no thinning was needed). ``inside``, when given, receives for
+    each region the front of the selections strictly inside it (its descendants' options)."""
     thinned = [False]
     paths = sorted([*model.options, *model.chunk_groups], key=lambda p: (p.count("."), p))
     children: dict[str, list[str]] = {p: [] for p in paths}
@@ -824,6 +825,8 @@ def pareto_front(model: RegionModel) -> tuple[list[Point], bool]:
         inner: list[Point] = [(0, 0.0, ())]
         for child in children[path]:
             inner = _merge(inner, front_of(child), thinned)
+        if inside is not None:
+            inside[path] = [p for p in inner if p[2]]
         own = [(o.saving_bytes, o.extra_cost, (o,)) for o in model.options[path]]
         return _thin(inner + own, thinned)
 
@@ -853,12 +856,16 @@ def _overlaps(option: RegionOption, choices: Sequence[RegionOption]) -> bool:
 
 
 def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over: list[Point],
-                  need: int, budget_bytes: int, deadline: float) -> tuple[tuple[SimulationResult, Point], int]:
+                  need: int, budget_bytes: int, deadline: float, inside: Mapping[str, list[Point]] | None = None,
+                  ) -> tuple[tuple[SimulationResult, Point], int]:
     """Cheaper fitting selections near the incumbent: drop or downgrade one of its regions, or add
     one region to a cheaper selection that peaked over the budget while recomputing; where none
     fits, change the options of two of its regions at once (one keeps more, the other less: the
-    memory one frees at a peak pays for what the other keeps). Candidates are simulated cheapest
-    first; stops at ``deadline`` or when nothing cheaper fits."""
+    memory one frees at a peak pays for what the other keeps), where one of the two may also be
+    split into a selection inside it (``inside``: `pareto_front`'s fronts below each region; a
+    layer's norm, attention and MLP checkpointed apiece rerun one at a time, which lowers the
+    peak of its backward). Candidates are simulated cheapest first; stops at ``deadline`` or
+    when nothing cheaper fits."""
     every = [o for options in model.options.values() for o in options]
     tried = 0
     while time.perf_counter() < deadline:
@@ -909,15 +916,19 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
         found = first_fitting()
         if found is None:
             moves.clear()
-            for i, j in itertools.combinations(range(len(choices)), 2):
+            for i, j in itertools.permutations(range(len(choices)), 2):
                 a, b = choices[i], choices[j]
+                if time.perf_counter() >= deadline:  # (layers x front x options): can be large
+                    break
                 if CHUNKED in (a.option, b.option):
                     continue
                 rest = tuple(c for k, c in enumerate(choices) if k not in (i, j))
-                for x in model.options.get(a.path, ()):
+                splits = [p[2] for p in (inside or {}).get(a.path, ())]
+                own = [(x,) for x in model.options.get(a.path, ()) if x is not a] if i < j else []
+                for xs in (*own, *splits):
                     for y in model.options.get(b.path, ()):
-                        if x is not a and y is not b:
-                            add((*rest, x, y))
+                        if y is not b:
+                            add((*rest, *xs, y))
             found = first_fitting()
         if found is None:
             break
@@ -993,7 +1004,8 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     g = model.graph
     store_all = simulate(g, store_all_schedule(g))
     budget_bytes = resolve_budget(budget, store_all.peak_bytes)
-    front, exact = pareto_front(model)
+    inside: dict[str, list[Point]] = {}
+    front, exact = pareto_front(model, inside)
     tangents = sum(g[t].bytes for t in g.tangents)
     # Every plan of the family holds at least (store-all's boundary - its saving) when backward
     # starts, tangents included: a selection saving less than ``need`` cannot fit, so the
@@ -1055,7 +1067,7 @@ def _solve_regions(graph: RematGraph, candidates: Sequence[RegionCandidate], bud
     bound = min(bound_candidates) if bound_candidates and exact and link is None else None
     if best is not None and (bound is None or best[1][1] > bound + 1e-15):  # not proven optimal
         deadline = start + min(time_limit_s, LOCAL_SEARCH_S + (time.perf_counter() - start))
-        best, more = _local_search(model, best, over, need, budget_bytes, deadline)
+        best, more = _local_search(model, best, over, need, budget_bytes, deadline, inside)
         tried += more
     if best is None:
         # The leanest plan found: the selections that save the most, simulated (a few dozen).

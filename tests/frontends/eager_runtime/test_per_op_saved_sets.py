@@ -215,3 +215,37 @@ def test_the_local_search_changes_two_regions_at_once_where_no_single_change_fit
     incumbent = (Fits((a0, b0)), (200, 20.0, (a0, b0)))
     (sim, (saving, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10)
     assert set(chosen) == {a1, b2} and cost == 17.0 and sim.peak_bytes <= 800
+
+
+def test_the_local_search_may_split_one_of_the_two_regions_into_its_children():
+    """A layer checkpointed whole can cost more than its parts checkpointed apiece, which save a
+    little less: the pair that fits splits one region (a selection from the front inside it)
+    while the other keeps less. The stand-in fits any selection that saves 200 bytes."""
+
+    def option(path: str, name: str, saving: int, cost: float) -> RegionOption:
+        return RegionOption(path=path, option=name, saved=(), dropped=(), recompute_groups=(),
+                            saving_bytes=saving, extra_cost=cost, extra_flops=0.0)
+
+    a0, child = option("a", "none", 100, 10.0), option("a.c", "none", 90, 4.0)
+    b0, b2 = option("b", "none", 100, 10.0), option("b", "lean", 110, 12.0)
+
+    class Fits:
+        def __init__(self, selection):
+            self.peak_bytes = 1000 - sum(o.saving_bytes for o in selection)
+
+    class StandIn:
+        options = {"a": [a0], "a.c": [child], "b": [b0, b2]}
+        chunk_groups: dict = {}
+
+        def complete(self, selection):
+            return tuple(selection)
+
+        def evaluate(self, selection):
+            return Fits(selection)
+
+    incumbent = (Fits((a0, b0)), (200, 20.0, (a0, b0)))
+    inside = {"a": [(90, 4.0, (child,))]}
+    (sim, (_, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10, inside)
+    assert set(chosen) == {child, b2} and cost == 16.0 and sim.peak_bytes <= 800
+    (_, (_, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10)
+    assert set(chosen) == {a0, b0} and cost == 20.0  # without the fronts inside: no such move
