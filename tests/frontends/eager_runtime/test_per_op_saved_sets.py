@@ -186,66 +186,55 @@ def test_before_any_regions_backward_a_selection_holds_store_all_less_its_saving
         assert at_head == {n: b - saving for n, b in base.items()}, [(o.path, o.option) for o in selection]
 
 
+def _option(path: str, name: str, saving: int, cost: float) -> RegionOption:
+    return RegionOption(path=path, option=name, saved=(), dropped=(), recompute_groups=(),
+                        saving_bytes=saving, extra_cost=cost, extra_flops=0.0)
+
+
+class _Saved:
+    """A stand-in simulation: the peak falls by what the selection saves."""
+
+    def __init__(self, selection) -> None:
+        self.peak_bytes = 1000 - sum(o.saving_bytes for o in selection)
+
+
+class _StandInRegions:
+    """What `_local_search` reads of a `RegionModel`: options per path, and `_Saved` peaks."""
+
+    chunk_groups: dict = {}
+
+    def __init__(self, options: dict[str, list[RegionOption]]) -> None:
+        self.options = options
+
+    def complete(self, selection):
+        return tuple(selection)
+
+    def evaluate(self, selection):
+        return _Saved(selection)
+
+
 def test_the_local_search_changes_two_regions_at_once_where_no_single_change_fits():
     """One region keeps more while another keeps less: no single change of the incumbent is both
     cheaper and within the budget, the pair is (the memory one frees pays for what the other
-    keeps). A stand-in model fits any selection that saves 200 bytes."""
-
-    def option(path: str, name: str, saving: int, cost: float) -> RegionOption:
-        return RegionOption(path=path, option=name, saved=(), dropped=(), recompute_groups=(),
-                            saving_bytes=saving, extra_cost=cost, extra_flops=0.0)
-
-    a0, a1 = option("a", "none", 100, 10.0), option("a", f"{BEST_PER_BYTE}1", 50, 5.0)
-    b0, b2 = option("b", "none", 100, 10.0), option("b", "lean", 150, 12.0)
-
-    class Fits:
-        def __init__(self, selection):
-            self.peak_bytes = 1000 - sum(o.saving_bytes for o in selection)
-
-    class StandIn:
-        options = {"a": [a0, a1], "b": [b0, b2]}
-        chunk_groups: dict = {}
-
-        def complete(self, selection):
-            return tuple(selection)
-
-        def evaluate(self, selection):
-            return Fits(selection)
-
-    incumbent = (Fits((a0, b0)), (200, 20.0, (a0, b0)))
-    (sim, (saving, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10)
+    keeps). The stand-in fits any selection that saves 200 bytes."""
+    a0, a1 = _option("a", "none", 100, 10.0), _option("a", f"{BEST_PER_BYTE}1", 50, 5.0)
+    b0, b2 = _option("b", "none", 100, 10.0), _option("b", "lean", 150, 12.0)
+    regions = _StandInRegions({"a": [a0, a1], "b": [b0, b2]})
+    incumbent = (_Saved((a0, b0)), (200, 20.0, (a0, b0)))
+    (sim, (_, cost, chosen)), _ = _local_search(regions, incumbent, [], 0, 800, time.perf_counter() + 10)
     assert set(chosen) == {a1, b2} and cost == 17.0 and sim.peak_bytes <= 800
 
 
 def test_the_local_search_may_split_one_of_the_two_regions_into_its_children():
     """A layer checkpointed whole can cost more than its parts checkpointed apiece, which save a
     little less: the pair that fits splits one region (a selection from the front inside it)
-    while the other keeps less. The stand-in fits any selection that saves 200 bytes."""
-
-    def option(path: str, name: str, saving: int, cost: float) -> RegionOption:
-        return RegionOption(path=path, option=name, saved=(), dropped=(), recompute_groups=(),
-                            saving_bytes=saving, extra_cost=cost, extra_flops=0.0)
-
-    a0, child = option("a", "none", 100, 10.0), option("a.c", "none", 90, 4.0)
-    b0, b2 = option("b", "none", 100, 10.0), option("b", "lean", 110, 12.0)
-
-    class Fits:
-        def __init__(self, selection):
-            self.peak_bytes = 1000 - sum(o.saving_bytes for o in selection)
-
-    class StandIn:
-        options = {"a": [a0], "a.c": [child], "b": [b0, b2]}
-        chunk_groups: dict = {}
-
-        def complete(self, selection):
-            return tuple(selection)
-
-        def evaluate(self, selection):
-            return Fits(selection)
-
-    incumbent = (Fits((a0, b0)), (200, 20.0, (a0, b0)))
+    while the other keeps less."""
+    a0, child = _option("a", "none", 100, 10.0), _option("a.c", "none", 90, 4.0)
+    b0, b2 = _option("b", "none", 100, 10.0), _option("b", "lean", 110, 12.0)
+    regions = _StandInRegions({"a": [a0], "a.c": [child], "b": [b0, b2]})
+    incumbent = (_Saved((a0, b0)), (200, 20.0, (a0, b0)))
     inside = {"a": [(90, 4.0, (child,))]}
-    (sim, (_, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10, inside)
+    (sim, (_, cost, chosen)), _ = _local_search(regions, incumbent, [], 0, 800, time.perf_counter() + 10, inside)
     assert set(chosen) == {child, b2} and cost == 16.0 and sim.peak_bytes <= 800
-    (_, (_, cost, chosen)), _ = _local_search(StandIn(), incumbent, [], 0, 800, time.perf_counter() + 10)
+    (_, (_, cost, chosen)), _ = _local_search(regions, incumbent, [], 0, 800, time.perf_counter() + 10)
     assert set(chosen) == {a0, b0} and cost == 20.0  # without the fronts inside: no such move
