@@ -593,7 +593,7 @@ class RegionModel:
             cost += self.policy_s[path] * (1 + len(recompute) / len(values))
         flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
         # Kept values backward does not read are held longer than plain autograd holds them, and
-        # so are the region's inputs (its checkpoint holds them until the recomputation).
+        # so are the region's inputs (its checkpoint holds them until its frame dies).
         held_longer = sum(g[v].bytes for v in (*saved, *self.region_inputs(path))
                           if not self.backward_readers[v] and v not in self.pinned)
         return RegionOption(
@@ -642,7 +642,7 @@ class RegionModel:
 
     def region_inputs(self, path: str) -> set[str]:
         """Forward op values from outside the region that its ops read: the checkpoint holds
-        them (its arguments) until the region's backward has recomputed."""
+        them (its arguments) until its frame dies (`_frame_end`)."""
         g = self.graph
         values = set(self.regions[path])
         return {i for v in values for i in g[v].inputs
@@ -899,7 +899,6 @@ def _local_search(model: RegionModel, best: tuple[SimulationResult, Point], over
             for option in every:
                 if not _overlaps(option, chosen):
                     add((*point[2], option))
-        found = None
 
         def first_fitting() -> tuple[SimulationResult, Point] | None:
             nonlocal tried
