@@ -120,7 +120,7 @@ def test_the_chain_is_nested_greedy_and_priced_as_modelled(gated):
 
 def test_untimed_chain_options_carry_what_the_timed_ones_measured_beyond_their_model(gated):
     """A small region's checkpoint costs far more than its ops (the call, the policy's dispatch
-    mode): where the timed policy options measured that, the chain's prices move with them."""
+    mode): where the region's timed options measured that, the chain's prices move with them."""
     _, _, graph, found = gated
     plain = RegionModel(graph, found)
     timed = {o.option: o for o in plain.options["blocks.1"] if o.option in OPTIONS}
