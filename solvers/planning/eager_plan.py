@@ -152,9 +152,6 @@ class RegionOption:
     offloaded: tuple[str, ...] = ()
     """`OFFLOAD`: values that leave the device whatever else is chosen (only the region's backward
     reads them); a value several offloaded regions read leaves it too (`RegionModel._with_copies`)."""
-    runs_policy: bool = False
-    """The region runs under a selective-checkpoint policy (it keeps something beyond BatchNorm
-    step counters), not plain ``checkpoint``."""
     packed: tuple[str, ...] = ()
     """`OFFLOAD`: every value the region's saved-tensor hooks copy to host (``offloaded`` and those
     something outside the region keeps on the device); the first backward read of one starts the
@@ -390,6 +387,8 @@ class RegionModel:
         self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
         self.counters_run_plain = {c.path: c.counters_run_plain for c in candidates if c.path in regions}
         self.measured_s = {c.path: {o: (t, e) for o, t, e in c.measured_s} for c in candidates if c.path in regions}
+        self._inputs: dict[str, frozenset[str]] = {}  # `region_inputs`, per region
+        self._frame_ends: dict[str, str | None] = {}  # `_frame_end`, per region
         g = self.graph
         self.backward_readers: dict[str, list[Node]] = {v: [] for v in self.forward}
         for node in g.ops:
@@ -588,8 +587,8 @@ class RegionModel:
         cost = 0.0
         if dropped or saved:  # an eager rerun of its ops, and the checkpoint around them
             cost = self.rerun_scale[path] * sum(g[v].cost for v in recompute) + self.checkpoint_s[path]
-        runs_policy = bool(saved) and not (self.counters_run_plain[path] and saved <= self.run_once)
-        if runs_policy:  # the policy's dispatch mode: the forward, and the ops rerun
+        if saved and not (self.counters_run_plain[path] and saved <= self.run_once):
+            # the policy's dispatch mode: the forward, and the ops rerun
             cost += self.policy_s[path] * (1 + len(recompute) / len(values))
         flops = sum(g[v].flops for v in recompute) if dropped or saved else 0.0
         # Kept values backward does not read are held longer than plain autograd holds them, and
@@ -600,7 +599,7 @@ class RegionModel:
             path=path, option=option, saved=tuple(sorted(saved, key=g.position)),
             dropped=dropped, recompute_groups=tuple(recompute) if (dropped or saved) else (),
             saving_bytes=sum(g[v].bytes for v in dropped) - held_longer,
-            extra_cost=cost, extra_flops=flops, runs_policy=runs_policy)
+            extra_cost=cost, extra_flops=flops)
 
     def _offload_options(self, path: str) -> list[RegionOption]:
         """The region under saved-tensor hooks that send what its autograd nodes save to host.
@@ -634,19 +633,24 @@ class RegionModel:
     # ------------------------------------------------------------------ schedule
     def _frame_end(self, path: str) -> str | None:
         """The region's last backward op that reads a value the region's forward saved: once it
-        has run, every tensor the checkpoint packed is released, and with them its frame."""
-        g = self.graph
-        readers = [r.name for v in (*self.regions[path], *self.region_inputs(path))
-                   for r in self.backward_readers.get(v, ()) if within(r.module, path)]
-        return max(readers, key=g.position, default=None)
+        has run, every tensor the checkpoint packed is released, and with them its frame.
+        Found once per region (every simulated schedule asks)."""
+        if path not in self._frame_ends:
+            readers = [r.name for v in (*self.regions[path], *self.region_inputs(path))
+                       for r in self.backward_readers.get(v, ()) if within(r.module, path)]
+            self._frame_ends[path] = max(readers, key=self.graph.position, default=None)
+        return self._frame_ends[path]
 
-    def region_inputs(self, path: str) -> set[str]:
+    def region_inputs(self, path: str) -> frozenset[str]:
         """Forward op values from outside the region that its ops read: the checkpoint holds
-        them (its arguments) until its frame dies (`_frame_end`)."""
-        g = self.graph
-        values = set(self.regions[path])
-        return {i for v in values for i in g[v].inputs
-                if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD}
+        them (its arguments) until its frame dies (`_frame_end`). Found once per region (every
+        option and every simulated schedule asks)."""
+        if path not in self._inputs:
+            g = self.graph
+            values = set(self.regions[path])
+            self._inputs[path] = frozenset(i for v in values for i in g[v].inputs
+                                           if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD)
+        return self._inputs[path]
 
     def schedule(self, choices: Sequence[RegionOption]) -> Schedule:
         """Forward runs everything; each chosen region recomputes once, right before the first
