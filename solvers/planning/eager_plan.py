@@ -479,18 +479,18 @@ class RegionModel:
         seen: set[tuple[str, ...]] = set()
 
         measured = self.measured_s[path]
-        offsets: list[float] = []  # measured - modelled, where a measurement replaced the model
+        misses: list[tuple[float, float]] = []  # (measured, modelled), where a measurement replaced the model
 
-        def add(option: str, saved: set[str], offset: float = 0.0) -> None:
+        def add(option: str, saved: set[str], reprice: bool = False) -> None:
             made = self._option(path, option, saved, inside_read, outside_read, seen)
             if made is None:
                 return
             seconds, error = measured.get(option, (made.extra_cost, 0.0))
             if abs(seconds - made.extra_cost) > MEASURED_SIGNIFICANCE * error:
-                offsets.append(seconds - made.extra_cost)
+                misses.append((seconds, made.extra_cost))
                 made = dataclasses.replace(made, extra_cost=seconds)
-            elif offset:
-                made = dataclasses.replace(made, extra_cost=max(made.extra_cost + offset, 0.0))
+            elif reprice and misses:
+                made = dataclasses.replace(made, extra_cost=_as_measured_beside(made.extra_cost, misses))
             result.append(made)
 
         for option in OPTIONS:
@@ -512,14 +512,11 @@ class RegionModel:
             add(option, saved)
         base = (self.run_once & set(values)) | {v for v in values if v in outside_read and v in inside_read
                                                 and all(m in mappable for m in g.group_of(v))}
-        # Not timed: priced as modelled, plus what the region's timed options measured beyond
-        # their model (the checkpoint's and the policy's own overhead, which the model misses on
-        # small regions: 1-3 ms on a resnet block modelled at 0.2-0.5 ms; a whole layer's rerun
-        # measured above its model). With the region's `none` measured and the chain modelled
+        # Not timed: priced as the region's timed options measured against their model
+        # (`_as_measured_beside`). With the region's `none` measured and the chain modelled
         # alone, keeping two tiny values would look cheaper than keeping nothing.
-        offset = statistics.median(offsets) if offsets else 0.0
         for k, saved in enumerate(self._rerun_time_per_byte_chain(path, base, inside_read, outside_read), 1):
-            add(f"{BEST_PER_BYTE}{k}", saved, offset)
+            add(f"{BEST_PER_BYTE}{k}", saved, reprice=True)
         if self.link is not None:
             result.extend(self._offload_options(path))
         return [o for o in result if o.saving_bytes > 0]
@@ -771,6 +768,21 @@ def with_measured_options(candidates: Sequence[RegionCandidate], measured: Mappi
                              for (path, option), seconds in measured.items() if path == cand.path))
         out.append(dataclasses.replace(cand, measured_s=timed) if timed else cand)
     return out
+
+
+def _as_measured_beside(modelled: float, misses: Sequence[tuple[float, float]]) -> float:
+    """The price of an untimed option of a region whose timed options measured ``misses``
+    ((measured, modelled) seconds each, off their model by more than the noise). Where the
+    median option measured *above* its model, the excess is overhead the model misses (the
+    checkpoint's call, the policy's dispatch mode: 1-3 ms on a resnet block modelled at
+    0.2-0.5 ms): added. Where it measured *below*, the model overprices the rerun itself (tiny
+    Llama's layer rerun: 38 ms measured, 47 ms modelled): scaled by the median ratio, so a
+    cheaper rerun stays cheaper and never prices at zero while it reruns something (subtracting
+    that layer's 9 ms priced a 4.5 ms rerun at 0)."""
+    offset = statistics.median(seconds - model for seconds, model in misses)
+    if offset >= 0:
+        return modelled + offset
+    return modelled * statistics.median(seconds / model for seconds, model in misses if model > 0)
 
 
 MEASURED_SIGNIFICANCE = 2.0

@@ -137,6 +137,24 @@ def test_untimed_chain_options_carry_what_the_timed_ones_measured_beyond_their_m
         assert after.extra_cost == pytest.approx(before.extra_cost)
 
 
+def test_where_the_timed_options_measured_below_their_model_the_chain_is_scaled_not_zeroed(gated):
+    """A large region's rerun measured below its model (tiny Llama's layer: 38 ms against 47)
+    says the model overprices reruns: subtracting that miss priced a 4.5 ms rerun at zero, so
+    the planner took it for free. Scaled, every chain option keeps its order and a price."""
+    _, _, graph, found = gated
+    plain = RegionModel(graph, found)
+    none = next(o for o in plain.options["blocks.1"] if o.option == "none")
+    measured = {("blocks.1", "none"): none.extra_cost / 10}
+    priced = RegionModel(graph, with_measured_options(found, measured, dict.fromkeys(measured, 0.0)))
+    chain = list(zip(_chain(plain, "blocks.1"), _chain(priced, "blocks.1")))
+    assert chain
+    for before, after in chain:
+        assert after.saved == before.saved
+        assert after.extra_cost == pytest.approx(before.extra_cost / 10)
+        assert after.extra_cost > 0  # none's miss exceeds the cheapest options' price: subtracted, they were 0
+    assert any(before.extra_cost < none.extra_cost * 9 / 10 for before, _ in chain)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_every_chain_option_runs_as_predicted_with_plain_gradients(gated, k, monkeypatch):
     """The policy's cache holds a kept value from forward to the recomputation even where no
