@@ -26,13 +26,23 @@ A model *holds* when its plan fits the budget, its gradients and buffers match e
 dtype's threshold (float64: 1e-8; float32, only where the library has no float64 kernel:
 1e-4), and |measured - predicted| <= 0.5% of predicted.
 
+``--runtime eager`` sweeps the eager runtime instead (what a user who keeps their own module
+gets): steps 1-2 give the same budget in bytes, then ``apply_checkpointing`` checkpoints a copy
+of the model in place for it, and that copy's step is compared with eager's gradients and
+measured with `frontends.measure.step.measure_step` (the peak of the step, parameters, buffers
+and inputs included). A model whose checkpointing plans cannot reach the budget is *refused*:
+``InfeasibleBudgetError`` with the leanest budget the family reaches, a clear error and not a
+failure; the table says how far above the budget that is.
+
     python benchmarks/coverage.py --out benchmarks/coverage.md          # the sweep
     python benchmarks/coverage.py --only gpt2,t5 --out /tmp/c.md         # a few of them
+    python benchmarks/coverage.py --runtime eager --out benchmarks/coverage_eager.md
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import multiprocessing
@@ -58,7 +68,8 @@ from vs_pytorch_measure import max_relative_error  # noqa: E402  (this folder is
 from frontends.capture.costed_capture import capture_with_costs  # noqa: E402
 from frontends.graph_runtime.remat_module import RematModule  # noqa: E402
 from frontends.measure.memory_tracker import track_live_memory  # noqa: E402
-from frontends.measure.step import unique_storage_bytes  # noqa: E402
+from frontends.measure.step import measure_step, unique_storage_bytes  # noqa: E402
+from optimizer import InfeasibleBudgetError, apply_checkpointing  # noqa: E402
 from solvers.base import SolverOptions  # noqa: E402
 from solvers.planning.planner import plan_graph  # noqa: E402
 
@@ -273,9 +284,10 @@ def _resident_bytes(rm: RematModule, model: nn.Module, args: tuple, kwargs: dict
 
 
 def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambda stage: None,
-            ) -> dict[str, Any]:
+            runtime: str = "graph") -> dict[str, Any]:
     """Everything the table says about one model; ``reason`` names the first failing stage;
-    ``report(stage)`` is called as each stage begins (the parent names it on a timeout)."""
+    ``report(stage)`` is called as each stage begins (the parent names it on a timeout);
+    ``runtime="eager"``: the eager runtime at the same budget (`_eager_runtime`)."""
     row: dict[str, Any] = {"name": spec.name, "family": spec.family, "library": spec.library,
                            "dtype": str(spec.dtype).replace("torch.", ""), "note": spec.note}
     stage = "build"
@@ -319,6 +331,9 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
         fixed = graph.parameter_bytes + graph.gradient_bytes + graph.input_bytes
         budget = fixed + int(ACTIVATION_FRACTION * (store_all.store_all_peak_bytes - fixed))
         row.update(store_all_bytes=store_all.store_all_peak_bytes, fixed_bytes=fixed, budget_bytes=budget)
+        if runtime == "eager":
+            return _eager_runtime(row, spec, model, args, kwargs, budget, ref_grads, ref_buffers,
+                                  start_buffers, time_limit, report)
         options = SolverOptions(time_limit_s=time_limit, threads=1)
         plan = plan_graph(graph, budget, "auto", options, graph_nodes=row["fx_nodes"])
         if captured.notes:
@@ -360,23 +375,7 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
         model.zero_grad(set_to_none=True)
         stage = "check"
         report(stage)
-        row["diff_bytes"] = row["measured_bytes"] - row["predicted_bytes"]
-        threshold = THRESHOLDS[spec.dtype]
-        problems = []
-        if plan.predicted_peak_bytes > budget:
-            problems.append(f"plan above budget ({plan.predicted_peak_bytes} > {budget} B)")
-        if row["grad_err"] > threshold:
-            problems.append(f"gradients differ from eager (rel err {row['grad_err']:.2e} > {threshold:g})")
-        if row["buffer_err"] > threshold:
-            problems.append(f"buffers differ from eager (rel err {row['buffer_err']:.2e})")
-        if abs(row["diff_bytes"]) > PEAK_TOLERANCE * row["predicted_bytes"]:
-            problems.append(f"measured peak {row['diff_bytes']:+d} B off the prediction "
-                            f"({100 * row['diff_bytes'] / row['predicted_bytes']:+.2f}%)")
-        row["status"] = "fails" if problems else "holds"
-        row["reason"] = "; ".join(problems)
-        if not problems and plan.extra_percent > 100:  # holds, but say what it costs
-            row["reason"] = (f"(holds; plan quality: {plan.extra_percent:.0f}% extra compute, "
-                             f"{plan.message.split(';')[0].split(': ', 1)[-1]})")
+        row = _check(row, spec, budget, plan.predicted_peak_bytes, plan.extra_percent, plan.message)
     except Exception as err:  # noqa: BLE001 - every failure is a row of the table
         row["status"] = "fails"
         row["reason"] = f"{stage}: {_first_line(err)}"
@@ -384,22 +383,101 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
     return row
 
 
-def _child(spec: Spec, time_limit: float, conn) -> None:
+def _check(row: dict[str, Any], spec: Spec, budget: int, predicted: int, extra_percent: float,
+           message: str) -> dict[str, Any]:
+    """``row`` with its status: holds when the plan fits ``budget``, gradients and buffers match
+    eager's and the measured peak is the predicted one (`PEAK_TOLERANCE`)."""
+    row["diff_bytes"] = row["measured_bytes"] - row["predicted_bytes"]
+    threshold = THRESHOLDS[spec.dtype]
+    problems = []
+    if predicted > budget:
+        problems.append(f"plan above budget ({predicted} > {budget} B)")
+    if row["grad_err"] > threshold:
+        problems.append(f"gradients differ from eager (rel err {row['grad_err']:.2e} > {threshold:g})")
+    if row["buffer_err"] > threshold:
+        problems.append(f"buffers differ from eager (rel err {row['buffer_err']:.2e})")
+    if abs(row["diff_bytes"]) > PEAK_TOLERANCE * row["predicted_bytes"]:
+        problems.append(f"measured peak {row['diff_bytes']:+d} B off the prediction "
+                        f"({100 * row['diff_bytes'] / row['predicted_bytes']:+.2f}%)")
+    row["status"] = "fails" if problems else "holds"
+    row["reason"] = "; ".join(problems)
+    if not problems and extra_percent > 100:  # holds, but say what it costs
+        row["reason"] = (f"(holds; plan quality: {extra_percent:.0f}% extra compute, "
+                         f"{message.split(';')[0].split(': ', 1)[-1]})")
+    return row
+
+
+def _eager_runtime(row: dict[str, Any], spec: Spec, model: nn.Module, args: tuple, kwargs: dict, budget: int,
+                   ref_grads: dict, ref_buffers: dict, start_buffers: dict, time_limit: float,
+                   report: Callable[[str], None]) -> dict[str, Any]:
+    """`run_one`'s stages after the budget, for the eager runtime: checkpoint a copy of
+    ``model`` in place with ``apply_checkpointing``, step it against eager, measure its peak."""
+    stage = "apply_checkpointing"
+    try:
+        report(stage)
+        start = time.perf_counter()
+        _restore(model, start_buffers)
+        checkpointed = copy.deepcopy(model)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = apply_checkpointing(checkpointed, args, kwargs, budget=budget, compare=False,
+                                           time_limit=time_limit)
+        except InfeasibleBudgetError as err:
+            row["plan_s"] = time.perf_counter() - start
+            row["status"] = "refused"
+            smallest = err.smallest_feasible_bytes
+            above = (f", leanest plan found {smallest:,} B (+{100 * (smallest - budget) / budget:.1f}%)"
+                     if smallest else "")
+            row["reason"] = f"InfeasibleBudgetError{above}: {str(err).splitlines()[0][:200]}"
+            return row
+        row["plan_s"] = time.perf_counter() - start
+        row.update(predicted_bytes=plan.predicted_peak_bytes, plan_status=plan.plan.status,
+                   extra_percent=plan.plan.extra_percent, message=plan.plan.message,
+                   regions=len(plan.regions))
+
+        stage = "checkpointed step"
+        report(stage)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _step(checkpointed, checkpointed, args, kwargs)
+        row["grad_err"] = max_relative_error(_grads(checkpointed), ref_grads)
+        row["buffer_err"] = max_relative_error(_buffers(checkpointed), ref_buffers) if ref_buffers else 0.0
+        checkpointed.zero_grad(set_to_none=True)
+        _restore(checkpointed, start_buffers)
+
+        stage = "measure"
+        report(stage)
+        import gc
+        gc.collect()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            row["measured_bytes"] = measure_step(checkpointed, args, kwargs, warmup=0, repeats=1).peak_bytes
+        return _check(row, spec, budget, plan.predicted_peak_bytes, plan.plan.extra_percent, plan.plan.message)
+    except Exception as err:  # noqa: BLE001 - every failure is a row of the table
+        row["status"] = "fails"
+        row["reason"] = f"{stage}: {_first_line(err)}"
+        row["traceback"] = traceback.format_exc()[-4000:]
+        return row
+
+
+def _child(spec: Spec, time_limit: float, conn, runtime: str = "graph") -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     try:
-        row = run_one(spec, time_limit, lambda stage: conn.send(("stage", stage, time.perf_counter() - start)))
+        row = run_one(spec, time_limit, lambda stage: conn.send(("stage", stage, time.perf_counter() - start)),
+                      runtime)
         conn.send(("row", row))
     finally:
         conn.close()
 
 
-def run_isolated(spec: Spec, time_limit: float, timeout: float) -> dict[str, Any]:
+def run_isolated(spec: Spec, time_limit: float, timeout: float, runtime: str = "graph") -> dict[str, Any]:
     """`run_one` in a forked child (imports are paid once, in the parent) killed at ``timeout``."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     start = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(spec, time_limit, child))
+    proc = ctx.Process(target=_child, args=(spec, time_limit, child, runtime))
     proc.start()
     child.close()
     row, stage, stages = None, "start", {}
@@ -457,7 +535,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def failures_by_cause(rows: list[dict[str, Any]]) -> str:
     groups: dict[str, list[str]] = defaultdict(list)
     for r in rows:
-        if r["status"] != "holds":
+        if r["status"] == "fails":
             groups[r["reason"]].append(r["name"])
     if not groups:
         return "No failures."
@@ -483,6 +561,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0,
                         help="solver time limit, s (optimize's default: 60)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-model wall limit, s")
+    parser.add_argument("--runtime", choices=("graph", "eager"), default="graph",
+                        help="plan with optimize (graph, default) or apply_checkpointing (eager)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     try:
@@ -501,26 +581,33 @@ def main() -> None:
     start = time.perf_counter()
     rows = []
     for spec in specs:
-        row = run_isolated(spec, args.time_limit, args.timeout)
+        row = run_isolated(spec, args.time_limit, args.timeout, args.runtime)
         rows.append(row)
         print(f"{row['name']:32s} {row['status']:6s} {row['wall_s']:6.1f}s "
               f"err={_cell(row.get('grad_err'), '{:.1e}')} pred={row.get('predicted_bytes')} "
               f"meas={row.get('measured_bytes')} {row.get('reason', '')}", flush=True)
     total = time.perf_counter() - start
     held = sum(r["status"] == "holds" for r in rows)
+    refused = sum(r["status"] == "refused" for r in rows)
     command = "python benchmarks/coverage.py " + " ".join(sys.argv[1:])
+    eager = args.runtime == "eager"
     header = (
-        f"# Coverage sweep: {len(rows)} architectures at 60% of activations\n\n"
+        f"# Coverage sweep{' of the eager runtime' if eager else ''}: {len(rows)} architectures at 60% of "
+        f"activations\n\n"
         f"Command: `{command}` ({total / 60:.1f} min). {versions()}; "
         f"{platform.machine()}, {os.cpu_count()} cores (shared), one intra-op thread; "
         f"solver `auto`, {args.time_limit:g} s limit; {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n"
-        f"**{held} of {len(rows)} hold ({100 * held / max(1, len(rows)):.0f}%).** Budget = fixed + "
+        f"**{held} of {len(rows)} hold ({100 * held / max(1, len(rows)):.0f}%)"
+        + (f", {refused} refused with a clear error" if eager else "") + ".** Budget = fixed + "
         f"0.6 x (store-all peak - fixed), fixed = parameters + gradients + inputs. Holds: plan <= "
         f"budget, gradients and buffers within 1e-8 of eager (float64; 1e-4 for float32 rows), "
         f"|measured - predicted| <= {100 * PEAK_TOLERANCE:g}% of predicted. Bytes are exact; "
-        f"\"plan s\" is capture + solve + rewrite; \"fx nodes\": nodes of the captured joint "
+        + ("\"plan s\" is apply_checkpointing's whole call (capture, option timing, search); *refused*: "
+           "InfeasibleBudgetError, nothing applied; "
+           if eager else "\"plan s\" is capture + solve + rewrite; ")
+        + "\"fx nodes\": nodes of the captured joint "
         f"(forward + backward) graph; \"extra compute\": recomputation as % of a plain step's "
-        f"modelled time (`flops` cost model).\n\n")
+        f"modelled time (`flops` cost model{', and the eager runtime timing its options' if eager else ''}).\n\n")
     notes = [f"- {r['name']}: {r['note']}" for r in rows if r.get("note")]
     report = (header + table(rows) + "\n\nFailures by cause:\n\n" + failures_by_cause(rows) + "\n"
               + ("\nNotes:\n\n" + "\n".join(notes) + "\n" if notes else ""))
