@@ -472,7 +472,11 @@ class _StorageClaims:
 class _Phases:
     """Each op's phase and module, in graph order: an op that reads a backward value (or that
     AOTAutograd tags backward) is backward, and so are its readers; a backward op takes the module
-    of the forward op with its autograd sequence number."""
+    of the forward op with its autograd sequence number: the first forward op carrying it, the one
+    that made the autograd node, whatever its module. Ops that make no node carry the last one's
+    number: the ``detach`` of an output returned beside the loss (``lm_head``'s logits, BART's
+    encoder state) follows the loss op, and labelling ``nll_loss_backward`` with its module put
+    a top-level op in the last encoder layer's backward."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.backward_nodes: set[str] = set()
@@ -493,7 +497,7 @@ class _Phases:
             backward_nodes.update(g.name for g in self.getitems.get(node.name, []))
         seq = node.meta.get("seq_nr")
         module = _module_path(node)
-        if phase is Phase.FORWARD and seq is not None and module:
+        if phase is Phase.FORWARD and seq is not None:
             self.module_of_seq.setdefault(seq, module)
         if phase is Phase.BACKWARD and seq is not None:
             module = self.module_of_seq.get(seq, "")
