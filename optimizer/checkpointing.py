@@ -42,6 +42,7 @@ from frontends.eager_runtime.eager_ops import (
     candidates,
     capture_for_eager,
     eager_graph,
+    held_arguments,
     held_values,
     region_policy,
 )
@@ -65,6 +66,7 @@ from solvers.planning.eager_plan import (
     fixed_choice_solution,
     solution_plan,
     solve_eager,
+    with_argument_holds,
     with_holds,
 )
 from solvers.planning.planner import plan_graph
@@ -224,7 +226,9 @@ def _capture_step(model, inputs: tuple, kwargs: dict | None, mlp_chunks: int, ca
     captured, trace, labels, splits, notes = capture_split(model, inputs, kwargs, mlp_chunks, *capture_settings)
     base_graph = eager_graph(with_modules(captured.graph, labels.modules), captured.gm, cpu)
     found = candidates(base_graph, trace, model)
-    graph = with_holds(base_graph, held_values(base_graph, trace, found))
+    graph, arguments = with_argument_holds(with_holds(base_graph, held_values(base_graph, trace, found)),
+                                           held_arguments(base_graph, trace, found))
+    found = [dataclasses.replace(c, arguments=arguments.get(c.path, ())) for c in found]
     if not splits:  # each checkpoint option timed alone (a split MLP's chunks would run whole)
         found, timing = measured_candidates(graph, trace, model, inputs, kwargs, found)
         if timing is not None:

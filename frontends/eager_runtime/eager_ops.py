@@ -44,6 +44,7 @@ from solvers.planning.eager_plan import (
     STATISTICS_OP,
     RegionCandidate,
     RegionOption,
+    region_inputs_of,
     with_autograd_node_holds,
     within,
 )
@@ -72,6 +73,10 @@ class EagerTrace:
     forward_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """Module path -> seconds its forward takes with grad on (`region_timing.time_module_forwards`),
     measured when the graph is priced in measured time; empty otherwise."""
+    arguments: dict[str, tuple[tuple[int, int, int], ...]] = dataclasses.field(default_factory=dict)
+    """Module path -> the tensors its call received (args and kwargs) that forward ops made (not
+    parameters, buffers or the step's inputs), one per storage: (index in ``ops`` of the op that
+    made it, which of the op's new storages, its bytes). A checkpoint of the module holds them."""
 
     def region_ops(self, path: str) -> list[str]:
         return [op for op, stack in self.ops if path in stack]
@@ -103,6 +108,8 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.stack, self.out, self.deaths = stack, out, deaths
         self.keep: list = []
+        self.made: dict[int, tuple[weakref.ref, int, int]] = {}
+        """id of a storage an op made -> (weak reference, index in ``out``, which new storage)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
@@ -115,10 +122,17 @@ class _Recorder(TorchDispatchMode):
                 if isinstance(t, torch.Tensor) and t.device.type != "meta" \
                         and id(t.untyped_storage()) not in inputs:
                     slot = [None]
-                    self.keep.append(weakref.ref(t.untyped_storage(), partial(self._died, slot)))
+                    storage = t.untyped_storage()
+                    self.keep.append(weakref.ref(storage, partial(self._died, slot)))
+                    self.made[id(storage)] = (weakref.ref(storage), len(self.out) - 1, len(slots))
                     slots.append(slot)
             self.deaths.append(slots)
         return result
+
+    def maker(self, storage: torch.UntypedStorage) -> tuple[int, int] | None:
+        """(op index, which new storage) of the op that made ``storage``; None when no op did."""
+        made = self.made.get(id(storage))
+        return made[1:] if made is not None and made[0]() is storage else None
 
     def _died(self, slot: list, _ref: object) -> None:
         slot[0] = len(self.out)
@@ -172,18 +186,35 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
             counter[op] += 1
         alive.setdefault(path, tuple(held))
 
+    recorder = _Recorder(stack, ops, deaths)
+    arguments: dict[str, tuple[tuple[int, int, int], ...]] = {}
+
+    def received(module, call_args, call_kwargs):
+        path = paths.get(id(module))
+        if path is None or path in arguments:
+            return
+        got: dict[tuple[int, int], int] = {}
+        for t in tree_leaves((call_args, call_kwargs)):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                made = recorder.maker(t.untyped_storage())
+                if made is not None:
+                    got[made] = t.untyped_storage().nbytes()
+        arguments[path] = tuple((index, slot, nbytes) for (index, slot), nbytes in got.items())
+
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_pre_hook(pre_alive),
                torch.nn.modules.module.register_module_forward_hook(post_alive),
                torch.nn.modules.module.register_module_forward_hook(post)]
+    handles += [m.register_forward_pre_hook(received, with_kwargs=True) for m in model.modules()]
     try:
-        with forwards_left_as_found(model, args, kwargs), _Recorder(stack, ops, deaths):
+        with forwards_left_as_found(model, args, kwargs), recorder:
             out = model(*args, **(kwargs or {}))
         del out
     finally:
         for h in handles:
             h.remove()
-    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive)
+    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive,
+                      arguments={p: a for p, a in arguments.items() if a})
 
 
 @contextlib.contextmanager
@@ -379,6 +410,50 @@ def mapping_summary(graph: RematGraph, trace: EagerTrace, path: str) -> tuple[in
     eager = Counter(trace.region_ops(path))
     graph_counts = Counter(op for op, _ in keys.values())
     return len(keys), sum(1 for op, _ in keys.values() if eager[op] == graph_counts[op])
+
+
+def held_arguments(graph: RematGraph, trace: EagerTrace,
+                   found: list[RegionCandidate]) -> dict[str, tuple[tuple[str, object], ...]]:
+    """Module path -> the tensors its checkpoint would hold as arguments that its region's reads
+    do not cover, for `solvers.planning.eager_plan.with_argument_holds`. An argument is the graph
+    value its op makes when that overload runs as often in eager as in the graph's forward (the
+    i-th call is the i-th value); else one of the region's inputs of its size; else bytes the graph
+    does not have (T5's zero position bias, folded away by the capture)."""
+    overloads = trace.overloads
+    eager_calls: dict[str, list[int]] = defaultdict(list)  # overload -> its op indices in trace.ops
+    for index, (op, _stack) in enumerate(trace.ops):
+        eager_calls[op].append(index)
+    graph_calls: dict[str, list[str]] = defaultdict(list)  # overload -> first values of its groups
+    for members in graph.groups.values():
+        if graph[members[0]].phase is Phase.FORWARD:
+            graph_calls[eager_op_name(graph, members[0], overloads)].append(members[0])
+    value_of: dict[tuple[int, int], str] = {}
+    for op, indices in eager_calls.items():
+        if len(indices) == len(graph_calls.get(op, ())):
+            for index, first in zip(indices, graph_calls[op]):
+                for slot, member in enumerate(graph.group_of(first)):
+                    value_of[(index, slot)] = member
+    out: dict[str, tuple[tuple[str, object], ...]] = {}
+    for cand in found:
+        inputs = region_inputs_of(graph, cand.path)
+        unclaimed = sorted(inputs, key=graph.position)
+        held: list[tuple[str, object]] = []
+        for index, slot, nbytes in trace.arguments.get(cand.path, ()):
+            value = value_of.get((index, slot))
+            if value is not None and value in graph:
+                if value in unclaimed:
+                    unclaimed.remove(value)
+                else:
+                    held.append(("value", value))
+                continue
+            same = next((v for v in unclaimed if graph[v].bytes == nbytes), None)
+            if same is not None:
+                unclaimed.remove(same)
+            else:
+                held.append(("bytes", ((index, slot), nbytes)))
+        if held:
+            out[cand.path] = tuple(held)
+    return out
 
 
 def held_values(graph: RematGraph, trace: EagerTrace, found: list[RegionCandidate]) -> dict[str, tuple[str, ...]]:

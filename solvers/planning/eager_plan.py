@@ -131,6 +131,9 @@ class RegionCandidate:
     """The region's only state updates are its BatchNorms' step counters: a saved set of nothing
     but them runs as plain ``checkpoint`` (the runtime freezes the norms by attribute on the
     rerun), so it pays no policy."""
+    arguments: tuple[str, ...] = ()
+    """Graph values the module's call receives that its region does not read (`with_argument_holds`):
+    its checkpoint holds them with its inputs, until its frame dies."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,99 @@ def with_holds(graph: RematGraph, holds: Mapping[str, Sequence[str]]) -> RematGr
                       graph.backward_outputs, graph.cost_model, graph.name)
 
 
+ARGUMENT = "eager_argument::"
+
+
+def region_inputs_of(graph: RematGraph, path: str) -> frozenset[str]:
+    """Forward op values from outside module ``path`` that its forward ops read."""
+    values = {n.name for n in graph.ops if n.phase is Phase.FORWARD and within(n.module, path)}
+    return frozenset(i for v in values for i in graph[v].inputs
+                     if i not in values and graph[i].is_op and graph[i].phase is Phase.FORWARD)
+
+
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _common_module(paths: Iterable[str]) -> str:
+    parts = [p.split(".") if p else [] for p in paths]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
+
+
+def with_argument_holds(graph: RematGraph, arguments: Mapping[str, Sequence[tuple[str, object]]],
+                        ) -> tuple[RematGraph, dict[str, tuple[str, ...]]]:
+    """What a module's checkpoint holds as its arguments: non-reentrant ``checkpoint`` keeps the
+    call's args and kwargs until its frame dies (`_frame_end`), and `RegionModel` holds a
+    region's inputs that long. ``arguments[path]`` names the tensors the module's call received
+    that the region's own reads do not cover:
+
+    * ``("value", name)``: a graph value passed but not read inside (an unused mask);
+    * ``("bytes", (key, nbytes))``: a tensor eager makes that the captured graph does not have
+      (T5's zero position bias, which the capture folds away, passed to every later
+      cross-attention layer: 32 KiB held by each such checkpoint, unseen before). One value of
+      ``nbytes`` per ``key`` (one storage, however many modules receive it) is added, costing
+      nothing and read by no op of the step: a zero-byte reader right after it, run once,
+      frees it there (both are holds, `is_hold`: in no region's values). They go right before
+      the first receiver's enclosing module below the receivers' common parent, labelled with
+      that parent: outside every receiver, and no module's forward stops being contiguous.
+
+    Returns the graph and, per module, the values its checkpoint holds beside its region's inputs
+    (`RegionCandidate.arguments`). Not read by an op, they do not become inputs of the regions
+    that share the receiver's first op (a layer's first norm)."""
+    forward = [n.name for n in graph.ops if n.phase is Phase.FORWARD]
+    order = {v: i for i, v in enumerate(forward)}
+    first_op: dict[str, str] = {}
+    for v in forward:
+        module = graph[v].module
+        for path in arguments:
+            if path not in first_op and within(module, path) and not is_hold(v):
+                first_op[path] = v
+    held: dict[str, list[str]] = {}
+    receivers: dict[object, list[str]] = {}
+    sizes: dict[object, int] = {}
+    for path, items in arguments.items():
+        if path not in first_op:
+            continue
+        for kind, what in items:
+            if kind == "value" and what in order and order[what] < order[first_op[path]]:
+                held.setdefault(path, []).append(what)
+            elif kind == "bytes":
+                key, nbytes = what
+                receivers.setdefault(key, []).append(path)
+                sizes[key] = nbytes
+    before: dict[str, list[Node]] = {}
+    for i, (key, paths) in enumerate(receivers.items()):
+        paths.sort(key=lambda p: order[first_op[p]])
+        label = _common_module(_parent(p) for p in paths)
+        depth = label.count(".") + 1 if label else 0
+        anchor_path = ".".join(paths[0].split(".")[:depth + 1])
+        anchor = next(v for v in forward if within(graph[v].module, anchor_path))
+        name = f"{ARGUMENT}{i}"
+        before.setdefault(graph.group_of(anchor)[0], []).extend((
+            Node(name, NodeKind.OP, Phase.FORWARD, sizes[key], (), group=name, module=label,
+                 op="eager.argument"),
+            # a zero-byte reader right after it: schedules free the value there, a free that a
+            # checkpoint holding it moves to its frame's end (`_held_by_checkpoints`)
+            Node(f"{name}.read", NodeKind.OP, Phase.FORWARD, 0, (name,), group=f"{name}.read",
+                 mutates=True, module=label, op="eager.argument")))
+        for p in paths:
+            held.setdefault(p, []).append(name)
+    holds = {p: tuple(dict.fromkeys(vs)) for p, vs in held.items()}
+    if not before:
+        return graph, holds
+    out: list[Node] = []
+    for node in graph.nodes:
+        out.extend(before.get(node.name, ()))
+        out.append(node)
+    return RematGraph(tuple(out), graph.forward_outputs, graph.user_outputs,
+                      graph.backward_outputs, graph.cost_model, graph.name), holds
+
+
 NODE_HOLD = "eager_node::"
 
 
@@ -340,7 +436,7 @@ def _held_by_checkpoints(schedule: Schedule, held_until: Mapping[str, tuple[str,
 
 
 def is_hold(name: str) -> bool:
-    return name.startswith((HOLD, REHOLD, NODE_HOLD))
+    return name.startswith((HOLD, REHOLD, NODE_HOLD, ARGUMENT))
 
 
 def within(module: str, path: str) -> bool:
@@ -386,6 +482,7 @@ class RegionModel:
         self.checkpoint_s = {c.path: c.checkpoint_s for c in candidates if c.path in regions}
         self.rerun_scale = {c.path: c.rerun_scale for c in candidates if c.path in regions}
         self.counters_run_plain = {c.path: c.counters_run_plain for c in candidates if c.path in regions}
+        self.arguments = {c.path: c.arguments for c in candidates if c.path in regions}
         self.measured_s = {c.path: {o: (t, e) for o, t, e in c.measured_s} for c in candidates if c.path in regions}
         self._inputs: dict[str, frozenset[str]] = {}  # `region_inputs`, per region
         self._frame_ends: dict[str, str | None] = {}  # `_frame_end`, per region
@@ -639,14 +736,17 @@ class RegionModel:
         return self._frame_ends[path]
 
     def region_inputs(self, path: str) -> frozenset[str]:
-        """Forward op values from outside the region that its ops read: the checkpoint holds
-        them (its arguments) until its frame dies (`_frame_end`). Found once per region (every
-        option and every simulated schedule asks)."""
+        """Forward op values from outside the region that its ops read, and the arguments of its
+        call they do not cover (`RegionCandidate.arguments`): the checkpoint holds them until its
+        frame dies (`_frame_end`). Found once per region (every option and every simulated
+        schedule asks)."""
         if path not in self._inputs:
             g = self.graph
             values = set(self.regions[path])
-            self._inputs[path] = frozenset(i for v in values for i in g[v].inputs
-                                           if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD)
+            self._inputs[path] = frozenset(
+                (*(i for v in values for i in g[v].inputs
+                   if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD),
+                 *(a for a in self.arguments.get(path, ()) if a in g and a not in values)))
         return self._inputs[path]
 
     def schedule(self, choices: Sequence[RegionOption]) -> Schedule:
