@@ -404,9 +404,9 @@ class CheckpointedForward(InstanceForward):
             # Saves nothing: plain checkpoint. A policy would send every op of the region through
             # a Python dispatch mode only to answer "recompute" (per-block checkpointing's cost).
             return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-        if self._counters_only is None:
-            self._counters_only = keeps_only_batch_norm_counters(self.module, self.region.save,
-                                                                 self.region.expected_ops)
+        if self._counters_only is None:  # a region with BatchNorms that keeps nothing is planned so
+            self._counters_only = not self.region.save or keeps_only_batch_norm_counters(  # (see eager_ops)
+                self.module, self.region.save, self.region.expected_ops)
         if self._counters_only:  # keeps only BatchNorm step counters: no policy, norms frozen by attribute
             return checkpoint(_BatchNormsFrozenOnRerun(inner, counting_batch_norms(self.module)), *args,
                               use_reentrant=False, preserve_rng_state=True, **kwargs)

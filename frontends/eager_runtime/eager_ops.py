@@ -33,6 +33,7 @@ from frontends.eager_runtime.eager_checkpoint import (
     NOMINAL_POLICY_OP_S,
     RegionPolicy,
     checkpoint_call_seconds,
+    counting_batch_norms,
     is_in_place,
     keeps_only_batch_norm_counters,
     policy_op_seconds,
@@ -386,9 +387,16 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
             mappable -= {m for first, (op, _) in keys.items() if op in state_updates
                          for m in graph.group_of(first)}
         counters = tuple((op, tuple(range(n))) for op, n in sorted(eager.items()) if is_in_place(op))
+        # A region whose only state updates are one step counter per BatchNorm runs plain
+        # checkpoint with the norms frozen on the rerun whatever else it does in place (timm's and
+        # torchvision's ResNet blocks: ``relu_``, ``out += identity``), keeping nothing: its
+        # counters need not be named (`frontends.eager_runtime.eager_checkpoint.CheckpointedForward`).
+        norms = len(counting_batch_norms(module))
+        counters_only_updates = norms > 0 and norms == sum(n for op, n in eager.items() if op in EAGER_BATCH_NORMS) \
+            == sum(is_in_place(op) for op, _ in keys.values())
         found.append(RegionCandidate(path, frozenset(mappable), policy_s=len(region_ops.get(path, ())) * per_op,
-                                     checkpoint_s=per_call, counters_run_plain=keeps_only_batch_norm_counters(
-                                         module, counters, tuple(sorted(eager.items())))))
+                                     checkpoint_s=per_call, counters_run_plain=counters_only_updates or
+                                     keeps_only_batch_norm_counters(module, counters, tuple(sorted(eager.items())))))
         ops_s = sum(graph[first].cost for first in keys)
         if measured and path in trace.forward_s and ops_s > 0:
             kind = (type(module).__qualname__, tuple(region_ops.get(path, ())), f"{ops_s:.6g}")

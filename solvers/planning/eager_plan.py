@@ -130,7 +130,8 @@ class RegionCandidate:
     counters_run_plain: bool = False
     """The region's only state updates are its BatchNorms' step counters: a saved set of nothing
     but them runs as plain ``checkpoint`` (the runtime freezes the norms by attribute on the
-    rerun), so it pays no policy."""
+    rerun), so it pays no policy. Where the policy cannot name the counters (other in-place ops
+    in the region), that is the region's only saved set."""
     arguments: tuple[str, ...] = ()
     """Graph values the module's call receives that its region does not read (`with_argument_holds`):
     its checkpoint holds them with its inputs, until its frame dies."""
@@ -463,10 +464,19 @@ class RegionModel:
                     and (n.mutates or n.name in updates) for m in graph.group_of(n.name)}
         self.run_once = run_once
         regions: dict[str, tuple[str, ...]] = {}
+        self.plain_only: set[str] = set()
+        """Regions whose state updates the policy cannot keep but whose plain checkpoint reruns
+        them harmlessly (`RegionCandidate.counters_run_plain`): only saved sets the policy would
+        not name a value of (it would run and rerun the counters a second time) are offered."""
         for cand in candidates:
             values = tuple(v for v in self.forward if within(graph[v].module, cand.path))
-            if values and self._contiguous(values) and run_once.intersection(values) <= cand.mappable:
-                regions[cand.path] = tuple(v for v in values if not is_hold(v))
+            if not values or not self._contiguous(values):
+                continue
+            if not run_once.intersection(values) <= cand.mappable:
+                if not cand.counters_run_plain:
+                    continue
+                self.plain_only.add(cand.path)
+            regions[cand.path] = tuple(v for v in values if not is_hold(v))
         for path in chunked:  # row chunks of split MLPs (`chunk_path`): regions of their own
             values = tuple(v for v in self.forward if within(graph[v].module, path) and not is_hold(v))
             if not values or not self._contiguous(values) or run_once.intersection(values):
@@ -582,6 +592,9 @@ class RegionModel:
             made = self._option(path, option, saved, inside_read, outside_read, seen)
             if made is None:
                 return
+            kept = set(made.saved)
+            if path in self.plain_only and (kept & mappable or not kept <= self.run_once):
+                return  # a policy would keep something and rerun the counters it cannot name
             seconds, error = measured.get(option, (made.extra_cost, 0.0))
             if abs(seconds - made.extra_cost) > MEASURED_SIGNIFICANCE * error:
                 misses.append((seconds, made.extra_cost))

@@ -20,6 +20,7 @@ import torch
 from e2e_helpers import example_path, load_example, max_relative_error, measured_peak, tiny_llama
 from torch import nn
 
+import optimizer.checkpointing as checkpointing_module
 from frontends.eager_runtime import eager_checkpoint
 from frontends.eager_runtime.eager_checkpoint import apply_regions, recomputes_batch_norm
 from frontends.eager_runtime.eager_ops import (
@@ -46,6 +47,7 @@ from solvers.ir.simulator import simulate
 from solvers.planning.eager_plan import (
     RegionCandidate,
     RegionModel,
+    fixed_choice_solution,
     solve_eager,
     with_autograd_node_holds,
     with_holds,
@@ -283,26 +285,73 @@ def test_the_eager_graph_writes_nothing_in_place_by_the_graph_runtime_rule():
 
 
 class InPlaceBlock(nn.Module):
-    """BatchNorm followed by an in-place ReLU: SAC could not keep the batch norm safely."""
+    """BatchNorm followed by an in-place ReLU (as timm's and torchvision's ResNets write it), then
+    a linear layer (``end_relu=False``) or not: SAC could not keep the batch norm's step counter
+    safely beside the ``relu_``."""
 
-    def __init__(self) -> None:
+    def __init__(self, end_relu: bool = True) -> None:
         super().__init__()
         self.lin, self.bn, self.act = nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(inplace=True)
+        self.out = nn.Identity() if end_relu else nn.Linear(32, 32)
 
     def forward(self, x):
-        return self.act(self.bn(self.lin(x)))
+        return self.out(self.act(self.bn(self.lin(x))))
 
 
-def test_a_block_with_other_in_place_ops_keeps_its_batch_norm_out_of_checkpoints():
+class MeanOf(nn.Module):
+    def forward(self, x):
+        return x.mean()
+
+
+def _in_place_blocks(end_relu: bool):
     torch.manual_seed(0)
-    model = nn.Sequential(InPlaceBlock(), InPlaceBlock(), nn.Linear(32, 1)).double()
-    x = torch.randn(64, 32, dtype=torch.float64)
+    blocks = [InPlaceBlock(end_relu) for _ in range(3)]
+    return nn.Sequential(*blocks, nn.Linear(32, 1), MeanOf()).double(), torch.randn(64, 32, dtype=torch.float64)
+
+
+def test_a_block_with_other_in_place_ops_is_checkpointed_plain_keeping_nothing():
+    """Its counters cannot be named by a policy, so it offers only saved sets a policy would
+    not name a value of: plain checkpoint, the norms frozen on the rerun (`counters_run_plain`)."""
+    model, x = _in_place_blocks(end_relu=False)
     captured = capture_for_eager(model, (x,), None)
     graph = eager_graph(captured.graph, captured.gm, True)
     found = {c.path: c for c in candidates(graph, trace_eager(model, (x,)), model)}
     region_model = RegionModel(graph, list(found.values()))
-    assert "0" in found and "0" not in region_model.regions  # relu_ beside the state update
+    assert "0" in region_model.plain_only and found["0"].counters_run_plain
+    assert region_model.options["0"]
+    assert all(not set(o.saved) & found["0"].mappable for o in region_model.options["0"])
     assert "0.lin" in region_model.regions  # the rest stays plannable
+
+
+@pytest.mark.parametrize("end_relu", [False, True])
+def test_blocks_with_in_place_ops_train_like_plain_autograd_checkpointed(monkeypatch, end_relu):
+    """Two such blocks checkpointed: gradients, running statistics and batch counts equal plain
+    autograd's after a step, bit for bit, and no policy runs. The peak is predicted to the byte
+    where the block ends in a linear layer; where it ends in the in-place ReLU the prediction is
+    one block output (16 KiB) above the measured peak: the planning graph reruns batch norm, add
+    and ReLU as separate values where eager writes them in place (timm's resnet18: 1%)."""
+    model, x = _in_place_blocks(end_relu)
+    reference = copy.deepcopy(model)
+    monkeypatch.setattr(checkpointing_module, "solve_eager",
+                        lambda graph, found, budget, **_: fixed_choice_solution(graph, found, ["0", "1"], "none"))
+    plan = apply_checkpointing(model, (x,), budget="100%", compare=False)
+    assert [(r.path, r.save) for r in plan.regions] == [("0", ()), ("1", ())]
+    measured = measured_peak(model, (x,))
+    block_output = 64 * 32 * 8
+    assert plan.predicted_peak_bytes - measured == (block_output if end_relu else 0)
+    with torch.no_grad():
+        for buf, ref in zip(model.buffers(), reference.buffers()):
+            buf.copy_(ref)  # the measured step counted a batch
+    policies = []
+    real = eager_checkpoint._policy_contexts
+    monkeypatch.setattr(eager_checkpoint, "_policy_contexts",
+                        lambda *args, **kwargs: policies.append(args[0]) or real(*args, **kwargs))
+    loss, grads = _grads(model, (x,))
+    ref_loss, ref_grads = _grads(reference, (x,))
+    assert torch.equal(loss, ref_loss) and max_relative_error(grads, ref_grads) < 1e-10
+    assert policies == []
+    for (name, buf), ref in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(buf, ref), name
 
 
 def test_dropout_replays_under_the_same_seed(gpt_plan, tmp_path):
