@@ -32,7 +32,7 @@ from frontends.eager_runtime.eager_offload import OFFLOADS, OffloadedForward, of
 from frontends.eager_runtime.instance_forward import CheckpointPlanError, InstanceForward, wrappers_of
 from frontends.guards.hf_training import cache_off_for_training
 from frontends.split.row_split import chunk_sizes
-from frontends.torch_compat import TorchDispatchMode, _BatchNorm
+from frontends.torch_compat import TorchDispatchMode, _BatchNorm, tree_map
 from solvers.ir.budget import format_bytes
 from solvers.ir.plan import Plan
 
@@ -391,6 +391,10 @@ class CheckpointedForward(InstanceForward):
         inner = self._inner()
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
+        # checkpoint keeps the call's arguments to rerun it: a list its caller appends to after
+        # the call (timm's DenseNet hands each layer the block's growing feature list) would
+        # rerun on more tensors than forward saw. The rerun gets the containers as they were.
+        args, kwargs = tree_map(lambda leaf: leaf, (args, kwargs))
         if torch.compiler.is_compiling():
             if self._freeze:
                 raise RuntimeError(

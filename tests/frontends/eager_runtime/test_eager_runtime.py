@@ -674,3 +674,43 @@ def test_an_unreachable_budget_names_the_leanest_plan_and_changes_nothing():
     assert "optimize()" in str(caught.value) and "\n" not in str(caught.value)
     assert caught.value.smallest_feasible_bytes is not None
     assert not checkpointed_modules(model)
+
+
+class GrowingFeatures(nn.Module):
+    """DenseNet's pattern: every layer gets the block's feature list, which grows after the call."""
+
+    def __init__(self, width: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width * (i + 1), width), nn.Tanh())
+                                    for i in range(depth))
+
+    def forward(self, x):
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1).pow(2).mean()
+
+
+class ListInput(nn.Module):
+    def forward(self, features):
+        return torch.cat(features, 1)
+
+
+def test_a_checkpointed_module_reruns_on_the_argument_list_it_was_called_with(monkeypatch):
+    """checkpoint keeps the call's arguments; the caller appends to the list afterwards, so a
+    rerun on that list object saw more tensors than forward did (a shape error in timm's
+    DenseNet). The rerun now gets the containers as they were at the call."""
+    torch.manual_seed(0)
+    model = GrowingFeatures().double()
+    for layer in model.layers:
+        layer.insert(0, ListInput())
+    x = torch.randn(64, 16, dtype=torch.float64)
+    reference = copy.deepcopy(model)
+    monkeypatch.setattr(checkpointing_module, "solve_eager",
+                        lambda graph, found, budget, **_: fixed_choice_solution(
+                            graph, found, ["layers.0", "layers.1"], "none"))
+    plan = apply_checkpointing(model, (x,), budget="100%", compare=False)
+    assert [r.path for r in plan.regions] == ["layers.0", "layers.1"]
+    loss, grads = _grads(model, (x,))
+    ref_loss, ref_grads = _grads(reference, (x,))
+    assert torch.equal(loss, ref_loss) and max_relative_error(grads, ref_grads) < 1e-10
