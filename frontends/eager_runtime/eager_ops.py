@@ -74,6 +74,9 @@ class EagerTrace:
     forward_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """Module path -> seconds its forward takes with grad on (`region_timing.time_module_forwards`),
     measured when the graph is priced in measured time; empty otherwise."""
+    mutated: frozenset[int] = frozenset()
+    """Indices in ``ops`` of the ops whose output a later in-place op writes (``relu_`` after a
+    convolution): a policy may not keep them (SAC refuses a cached tensor that was mutated)."""
     arguments: dict[str, tuple[tuple[int, int, int], ...]] = dataclasses.field(default_factory=dict)
     """Module path -> the tensors its call received (args and kwargs) that forward ops made (not
     parameters, buffers or the step's inputs), one per storage: (index in ``ops`` of the op that
@@ -111,10 +114,16 @@ class _Recorder(TorchDispatchMode):
         self.keep: list = []
         self.made: dict[int, tuple[weakref.ref, int, int]] = {}
         """id of a storage an op made -> (weak reference, index in ``out``, which new storage)."""
+        self.mutated: set[int] = set()
+        """Indices in ``out`` of ops whose output a later in-place op wrote."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         if func not in SAC_IGNORED_OPS:
+            if is_in_place(str(func)) and args and isinstance(args[0], torch.Tensor):
+                written = self.maker(args[0].untyped_storage())
+                if written is not None:
+                    self.mutated.add(written[0])
             self.out.append((str(func), tuple(self.stack)))
             inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
                       if isinstance(t, torch.Tensor)}
@@ -214,7 +223,7 @@ def trace_eager(model: torch.nn.Module, args: tuple, kwargs: dict | None = None)
     finally:
         for h in handles:
             h.remove()
-    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive,
+    return EagerTrace(ops=tuple(ops), calls=dict(calls), alive_at_return=alive, mutated=frozenset(recorder.mutated),
                       arguments={p: a for p, a in arguments.items() if a})
 
 
@@ -357,8 +366,13 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
     module class, op sequence and priced time); on a GPU's roofline the nominal figures of this
     host and no scale; priced in FLOPs, nothing."""
     region_ops: dict[str, list[str]] = defaultdict(list)
-    for op, stack in trace.ops:
+    calls_so_far: dict[str, Counter[str]] = defaultdict(Counter)
+    written: dict[str, set[tuple[str, int]]] = defaultdict(set)  # (overload, call index) mutated later
+    for index, (op, stack) in enumerate(trace.ops):
         for path in stack:
+            if index in trace.mutated:
+                written[path].add((op, calls_so_far[path][op]))
+            calls_so_far[path][op] += 1
             region_ops[path].append(op)
     found: list[RegionCandidate] = []
     ratios: dict[tuple, list[tuple[int, float]]] = {}
@@ -377,8 +391,8 @@ def candidates(graph: RematGraph, trace: EagerTrace, root: torch.nn.Module) -> l
             continue
         eager = Counter(region_ops.get(path, ()))
         graph_counts = Counter(op for op, _ in keys.values())
-        mappable = {m for first, (op, _) in keys.items() if eager[op] == graph_counts[op]
-                    for m in graph.group_of(first)}
+        mappable = {m for first, (op, index) in keys.items() if eager[op] == graph_counts[op]
+                    and (op, index) not in written[path] for m in graph.group_of(first)}
         # A kept in-place state update turns off SAC's mutation check for the region
         # (`eager_checkpoint._policy_contexts`): only safe when it is the region's only kind of
         # in-place call; else its state updates are not mappable and the region is no candidate.

@@ -714,3 +714,39 @@ def test_a_checkpointed_module_reruns_on_the_argument_list_it_was_called_with(mo
     loss, grads = _grads(model, (x,))
     ref_loss, ref_grads = _grads(reference, (x,))
     assert torch.equal(loss, ref_loss) and max_relative_error(grads, ref_grads) < 1e-10
+
+
+class SqueezeExciteLike(nn.Module):
+    """timm's squeeze-excite: a projection, then ``ReLU(inplace=True)`` writing over it."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.reduce, self.act, self.expand = nn.Linear(width, 8), nn.ReLU(inplace=True), nn.Linear(8, width)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.expand(self.act(self.reduce(x))))
+
+
+def test_a_policy_never_keeps_an_output_a_later_in_place_op_writes(monkeypatch):
+    """SAC refuses a cached tensor that was mutated ("Tensor cached during selective activation
+    checkpoint has been mutated": timm's GhostNet at 60% of its activations). The eager trace
+    marks ops whose output an in-place op writes later; they are not mappable, so no saved set
+    keeps them, and the plan that keeps everything else runs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(SqueezeExciteLike(), SqueezeExciteLike(), nn.Linear(32, 1), MeanOf()).double()
+    x = torch.randn(64, 32, dtype=torch.float64)
+    captured = capture_for_eager(model, (x,), None)
+    graph = eager_graph(captured.graph, captured.gm, True)
+    found = {c.path: c for c in candidates(graph, trace_eager(model, (x,)), model)}
+    reduce_out = [n.name for n in graph.ops if n.module == "0.reduce" and n.phase is Phase.FORWARD]
+    expand_out = [n.name for n in graph.ops if n.module == "0.expand" and n.phase is Phase.FORWARD]
+    assert reduce_out and expand_out
+    assert not set(reduce_out) & found["0"].mappable and set(expand_out) <= found["0"].mappable
+    reference = copy.deepcopy(model)
+    monkeypatch.setattr(checkpointing_module, "solve_eager",
+                        lambda graph, found, budget, **_: fixed_choice_solution(graph, found, ["0", "1"], "all"))
+    plan = apply_checkpointing(model, (x,), budget="100%", compare=False)
+    assert all(r.save for r in plan.regions)
+    loss, grads = _grads(model, (x,))
+    ref_loss, ref_grads = _grads(reference, (x,))
+    assert torch.equal(loss, ref_loss) and max_relative_error(grads, ref_grads) < 1e-10
