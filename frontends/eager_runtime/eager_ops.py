@@ -440,7 +440,8 @@ def held_arguments(graph: RematGraph, trace: EagerTrace,
     do not cover, for `solvers.planning.eager_plan.with_argument_holds`. An argument is the graph
     value its op makes when that overload runs as often in eager as in the graph's forward (the
     i-th call is the i-th value); else one of the region's inputs of its size; else bytes the graph
-    does not have (T5's zero position bias, folded away by the capture)."""
+    does not have (T5's zero position bias, folded away by the capture). A storage written in
+    place after it was made (a norm's output under ``ReLU(inplace=True)``) is matched by size."""
     overloads = trace.overloads
     eager_calls: dict[str, list[int]] = defaultdict(list)  # overload -> its op indices in trace.ops
     for index, (op, _stack) in enumerate(trace.ops):
@@ -461,7 +462,9 @@ def held_arguments(graph: RematGraph, trace: EagerTrace,
         unclaimed = sorted(inputs, key=graph.position)
         held: list[tuple[str, object]] = []
         for index, slot, nbytes in trace.arguments.get(cand.path, ()):
-            value = value_of.get((index, slot))
+            # written in place after its op made it (``relu_``): the argument is what the last
+            # write made, one of the region's inputs by size, not the op's own value
+            value = value_of.get((index, slot)) if index not in trace.mutated else None
             if value is not None and value in graph:
                 if value in unclaimed:
                     unclaimed.remove(value)

@@ -326,10 +326,10 @@ def test_a_block_with_other_in_place_ops_is_checkpointed_plain_keeping_nothing()
 @pytest.mark.parametrize("end_relu", [False, True])
 def test_blocks_with_in_place_ops_train_like_plain_autograd_checkpointed(monkeypatch, end_relu):
     """Two such blocks checkpointed: gradients, running statistics and batch counts equal plain
-    autograd's after a step, bit for bit, and no policy runs. The peak is predicted to the byte
-    where the block ends in a linear layer; where it ends in the in-place ReLU the prediction is
-    one block output (16 KiB) above the measured peak: the planning graph reruns batch norm, add
-    and ReLU as separate values where eager writes them in place (timm's resnet18: 1%)."""
+    autograd's after a step, bit for bit, no policy runs, and the peak is predicted to the byte.
+    Where a block ends in its in-place ReLU, the next block's checkpoint holds that output as its
+    argument: a storage the norm made and the ReLU wrote over, so it is the ReLU's value, matched by
+    size, not the norm's (held as an extra 16 KiB before, 1% of timm's resnet18)."""
     model, x = _in_place_blocks(end_relu)
     reference = copy.deepcopy(model)
     monkeypatch.setattr(checkpointing_module, "solve_eager",
@@ -337,8 +337,7 @@ def test_blocks_with_in_place_ops_train_like_plain_autograd_checkpointed(monkeyp
     plan = apply_checkpointing(model, (x,), budget="100%", compare=False)
     assert [(r.path, r.save) for r in plan.regions] == [("0", ()), ("1", ())]
     measured = measured_peak(model, (x,))
-    block_output = 64 * 32 * 8
-    assert plan.predicted_peak_bytes - measured == (block_output if end_relu else 0)
+    assert measured == plan.predicted_peak_bytes
     with torch.no_grad():
         for buf, ref in zip(model.buffers(), reference.buffers()):
             buf.copy_(ref)  # the measured step counted a batch
