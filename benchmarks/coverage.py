@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import json
 import multiprocessing
 import operator
@@ -354,17 +355,10 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
 
         stage = "remat step"
         report(stage)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _step(rm, model, args, kwargs)
-        row["grad_err"] = max_relative_error(_grads(model), ref_grads)
-        row["buffer_err"] = max_relative_error(_buffers(model), ref_buffers) if ref_buffers else 0.0
-        model.zero_grad(set_to_none=True)
-        _restore(model, start_buffers)
+        _step_against_eager(row, rm, model, args, kwargs, ref_grads, ref_buffers, start_buffers)
 
         stage = "measure"
         report(stage)
-        import gc
         gc.collect()
         resident = _resident_bytes(rm, model, args, kwargs)
         with warnings.catch_warnings():
@@ -381,6 +375,19 @@ def run_one(spec: Spec, time_limit: float, report: Callable[[str], None] = lambd
         row["reason"] = f"{stage}: {_first_line(err)}"
         row["traceback"] = traceback.format_exc()[-4000:]
     return row
+
+
+def _step_against_eager(row: dict[str, Any], module: nn.Module, model: nn.Module, args: tuple, kwargs: dict,
+                        ref_grads: dict, ref_buffers: dict, start_buffers: dict) -> None:
+    """One step of ``module`` (``model``'s parameters) from the start buffers: its gradient and
+    buffer errors against eager's go into ``row``; the buffers are put back."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _step(module, model, args, kwargs)
+    row["grad_err"] = max_relative_error(_grads(model), ref_grads)
+    row["buffer_err"] = max_relative_error(_buffers(model), ref_buffers) if ref_buffers else 0.0
+    model.zero_grad(set_to_none=True)
+    _restore(model, start_buffers)
 
 
 def _check(row: dict[str, Any], spec: Spec, budget: int, predicted: int, extra_percent: float,
@@ -438,17 +445,10 @@ def _eager_runtime(row: dict[str, Any], spec: Spec, model: nn.Module, args: tupl
 
         stage = "checkpointed step"
         report(stage)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _step(checkpointed, checkpointed, args, kwargs)
-        row["grad_err"] = max_relative_error(_grads(checkpointed), ref_grads)
-        row["buffer_err"] = max_relative_error(_buffers(checkpointed), ref_buffers) if ref_buffers else 0.0
-        checkpointed.zero_grad(set_to_none=True)
-        _restore(checkpointed, start_buffers)
+        _step_against_eager(row, checkpointed, checkpointed, args, kwargs, ref_grads, ref_buffers, start_buffers)
 
         stage = "measure"
         report(stage)
-        import gc
         gc.collect()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
