@@ -476,11 +476,15 @@ class _Phases:
     that made the autograd node, whatever its module. Ops that make no node carry the last one's
     number: the ``detach`` of an output returned beside the loss (``lm_head``'s logits, BART's
     encoder state) follows the loss op, and labelling ``nll_loss_backward`` with its module put
-    a top-level op in the last encoder layer's backward."""
+    a top-level op in the last encoder layer's backward. A backward op whose number no forward op
+    carries (an in-place ``SiLU``'s: its ``clone`` and ``silu`` carry the next) takes the module
+    of the first forward value it reads; unlabelled, the saved clone seemed read outside the
+    module, so a checkpoint of it seemed to keep it (timm's MobileViT predicted 18% high)."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.backward_nodes: set[str] = set()
         self.module_of_seq: dict[int, str] = {}
+        self.forward_module: dict[str, str] = {}
         self.getitems: dict[str, list[torch.fx.Node]] = {}
         for node in gm.graph.nodes:
             if node.op == "call_function" and node.target is operator.getitem:
@@ -497,10 +501,14 @@ class _Phases:
             backward_nodes.update(g.name for g in self.getitems.get(node.name, []))
         seq = node.meta.get("seq_nr")
         module = _module_path(node)
-        if phase is Phase.FORWARD and seq is not None:
-            self.module_of_seq.setdefault(seq, module)
+        if phase is Phase.FORWARD:
+            self.forward_module[node.name] = module
+            if seq is not None:
+                self.module_of_seq.setdefault(seq, module)
         if phase is Phase.BACKWARD and seq is not None:
-            module = self.module_of_seq.get(seq, "")
+            module = self.module_of_seq.get(seq)
+            if module is None:
+                module = next((self.forward_module[a.name] for a in reads if a.name in self.forward_module), "")
         return phase, module
 
 
