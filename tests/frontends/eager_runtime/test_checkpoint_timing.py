@@ -195,6 +195,9 @@ def test_apply_checkpointing_prices_checkpoints_as_timed_in_measured_time_only(m
                                 rounds=1, skipped=())
 
     monkeypatch.setattr(checkpoint_timing, "time_checkpointed_regions", one_second_each)
+    # the per-op saved sets are not timed: priced from the model, one may undercut the timed
+    # second by what this machine's timing of the ops says (a CI run under load chose one)
+    monkeypatch.setattr(eager_plan, "MAX_CHAIN", 0)
     model, args = Net(), inputs()
     plan = apply_checkpointing(model, args, budget="80%", cost_model="device", time_limit=10)
     assert {(f"blocks.{i}", "none") for i in range(3)} <= set(timed)
