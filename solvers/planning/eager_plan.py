@@ -256,11 +256,16 @@ def with_holds(graph: RematGraph, holds: Mapping[str, Sequence[str]]) -> RematGr
 ARGUMENT = "eager_argument::"
 
 
-def region_inputs_of(graph: RematGraph, path: str) -> frozenset[str]:
-    """Forward op values from outside module ``path`` that its forward ops read."""
-    values = {n.name for n in graph.ops if n.phase is Phase.FORWARD and within(n.module, path)}
+def inputs_from_outside(graph: RematGraph, values: set[str]) -> frozenset[str]:
+    """Forward op values not among ``values`` that ``values``' ops read."""
     return frozenset(i for v in values for i in graph[v].inputs
                      if i not in values and graph[i].is_op and graph[i].phase is Phase.FORWARD)
+
+
+def region_inputs_of(graph: RematGraph, path: str) -> frozenset[str]:
+    """Forward op values from outside module ``path`` that its forward ops read."""
+    return inputs_from_outside(graph, {n.name for n in graph.ops
+                                       if n.phase is Phase.FORWARD and within(n.module, path)})
 
 
 def _parent(path: str) -> str:
@@ -756,10 +761,8 @@ class RegionModel:
         if path not in self._inputs:
             g = self.graph
             values = set(self.regions[path])
-            self._inputs[path] = frozenset(
-                (*(i for v in values for i in g[v].inputs
-                   if i not in values and g[i].is_op and g[i].phase is Phase.FORWARD),
-                 *(a for a in self.arguments.get(path, ()) if a in g and a not in values)))
+            self._inputs[path] = inputs_from_outside(g, values) | {
+                a for a in self.arguments.get(path, ()) if a in g and a not in values}
         return self._inputs[path]
 
     def schedule(self, choices: Sequence[RegionOption]) -> Schedule:
